@@ -1,0 +1,218 @@
+//! Clusters: kubeconfigs, one client per cluster, and hub health.
+//!
+//! The hub kubeconfig is required, but while its file is missing or empty the process waits and
+//! reports not-ready instead of crash-looping (seed 000: the Secret mount may lag the pod, DESIGN
+//! §5). [`HubHealth`] tracks whether the hub answers, so writers pause during an outage instead
+//! of spinning, and resume as soon as it is back.
+
+use std::{path::Path, sync::Arc, time::Duration};
+
+use kube::{
+    Client, Config,
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// Errors building a client.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The kubeconfig file is missing or empty (the hub's is waited for).
+    #[error("kubeconfig {0} is missing or empty")]
+    Missing(String),
+    /// The kubeconfig could not be read or parsed.
+    #[error("failed to load kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// The file.
+        path: String,
+        /// The cause.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// In-cluster configuration is unavailable (no cell kubeconfig was given).
+    #[error("no --cell-kubeconfig given and in-cluster config unavailable: {0}")]
+    InCluster(#[source] kube::config::InClusterError),
+    /// The client could not be built from the configuration.
+    #[error("failed to build client: {0}")]
+    Client(#[source] kube::Error),
+}
+
+/// Builds a client from the kubeconfig at `path` (current context).
+///
+/// # Errors
+/// [`Error::Missing`] when the file is absent or empty, [`Error::Kubeconfig`] when it does not
+/// parse, [`Error::Client`] when no client can be built from it.
+pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, Error> {
+    let display = path.display().to_string();
+    match tokio::fs::metadata(path).await {
+        Ok(m) if m.len() > 0 => {}
+        _ => return Err(Error::Missing(display)),
+    }
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|source| Error::Kubeconfig {
+        path: display.clone(),
+        source,
+    })?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|source| Error::Kubeconfig { path: display, source })?;
+    Client::try_from(config).map_err(Error::Client)
+}
+
+/// The cell client: from `path` when given, else the in-cluster service account.
+///
+/// # Errors
+/// As [`client_from_kubeconfig`], or [`Error::InCluster`].
+pub async fn cell_client(path: Option<&Path>) -> Result<Client, Error> {
+    match path {
+        Some(path) => client_from_kubeconfig(path).await,
+        None => {
+            let config = Config::incluster().map_err(Error::InCluster)?;
+            Client::try_from(config).map_err(Error::Client)
+        }
+    }
+}
+
+/// Waits until the hub kubeconfig at `path` yields a client, retrying every `every`.
+///
+/// Every failed attempt is logged once per distinct message and reported through `on_wait`
+/// (which readiness shows). Returns `None` if `cancel` fires first.
+pub async fn wait_for_hub_client(
+    path: &Path,
+    every: Duration,
+    cancel: &CancellationToken,
+    mut on_wait: impl FnMut(&Error),
+) -> Option<Client> {
+    let mut last = String::new();
+    loop {
+        match client_from_kubeconfig(path).await {
+            Ok(client) => return Some(client),
+            Err(err) => {
+                let msg = err.to_string();
+                if msg != last {
+                    tracing::warn!(error = %msg, "waiting for the hub kubeconfig");
+                    last = msg;
+                }
+                on_wait(&err);
+            }
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return None,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// Whether the hub answers. Writers wait on it; a connection failure flips it down and a prober
+/// flips it up again once `/version` answers.
+#[derive(Clone)]
+pub struct HubHealth {
+    tx: Arc<watch::Sender<bool>>,
+}
+
+impl Default for HubHealth {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HubHealth {
+    /// Starts as up: the first write tells otherwise.
+    pub fn new() -> Self {
+        Self {
+            tx: Arc::new(watch::Sender::new(true)),
+        }
+    }
+
+    /// Whether the hub is currently believed up.
+    pub fn is_up(&self) -> bool {
+        *self.tx.borrow()
+    }
+
+    /// Records that the hub did not answer.
+    pub fn mark_down(&self) {
+        self.tx.send_if_modified(|up| std::mem::replace(up, false));
+    }
+
+    /// Records that the hub answered.
+    pub fn mark_up(&self) {
+        self.tx.send_if_modified(|up| !std::mem::replace(up, true));
+    }
+
+    /// Resolves once the hub is up (immediately if it is).
+    pub async fn wait_up(&self) {
+        let mut rx = self.tx.subscribe();
+        // An error means the sender is gone, which cannot happen while `self` holds it.
+        let _ = rx.wait_for(|up| *up).await;
+    }
+
+    /// A receiver of up/down changes.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.tx.subscribe()
+    }
+
+    /// While down, probes the hub's `/version` every `every` and marks it up when it answers.
+    /// Runs until `cancel` fires; `on_change` sees every transition (for the metric and logs).
+    pub async fn probe(&self, hub: Client, every: Duration, cancel: CancellationToken, on_change: impl Fn(bool)) {
+        let mut rx = self.tx.subscribe();
+        on_change(self.is_up());
+        loop {
+            if self.is_up() {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    changed = rx.changed() => if changed.is_err() { return },
+                }
+                if !self.is_up() {
+                    tracing::warn!("hub unreachable; pausing writes and keeping the latest state per key");
+                    on_change(false);
+                }
+                continue;
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+            if hub.apiserver_version().await.is_ok() {
+                self.mark_up();
+                tracing::info!("hub reachable again; resuming writes");
+                on_change(true);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_missing_or_empty_kubeconfig_is_reported_as_missing() {
+        let dir = std::env::temp_dir().join(format!("replicator-kc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("absent");
+        assert!(matches!(client_from_kubeconfig(&missing).await, Err(Error::Missing(_))));
+        let empty = dir.join("empty");
+        std::fs::write(&empty, "").unwrap();
+        assert!(matches!(client_from_kubeconfig(&empty).await, Err(Error::Missing(_))));
+        let garbage = dir.join("garbage");
+        std::fs::write(&garbage, "{not: [yaml").unwrap();
+        let result = client_from_kubeconfig(&garbage).await;
+        assert!(matches!(result, Err(Error::Kubeconfig { .. })), "{:?}", result.err());
+    }
+
+    #[tokio::test]
+    async fn hub_health_transitions_and_wait_up() {
+        let h = HubHealth::new();
+        assert!(h.is_up());
+        h.mark_down();
+        assert!(!h.is_up());
+        let waiter = {
+            let h = h.clone();
+            tokio::spawn(async move { h.wait_up().await })
+        };
+        h.mark_up();
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}

@@ -1,0 +1,18 @@
+//! replicator: mirrors network objects from Kubernetes cells onto a Karmada hub.
+//!
+//! Pure transforms ([`copy`], [`routing`], [`rules`]) are free of I/O; [`sync`] and [`sweep`]
+//! are the Kubernetes I/O around them; [`cluster`] owns the clients; [`cli`] wires it all.
+#![deny(missing_docs)]
+
+pub mod api;
+pub mod cli;
+pub mod cluster;
+pub mod copy;
+pub mod health;
+pub mod http;
+pub mod metrics;
+pub mod queue;
+pub mod routing;
+pub mod rules;
+pub mod sweep;
+pub mod sync;

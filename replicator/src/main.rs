@@ -1,0 +1,20 @@
+//! The `replicator` binary: see `replicator --help`.
+
+use clap::Parser;
+use replicator::cli::{self, Cli, Command};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Crds => {
+            print!("{}", replicator::api::crds_yaml()?);
+            Ok(())
+        }
+        Command::Run(args) => {
+            cli::init_tracing(args.log_format);
+            cli::run(args)
+                .await
+                .inspect_err(|err| tracing::error!(error = format!("{err:#}"), "replicator failed"))
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! Prometheus metrics of `replicator run` (DESIGN §7; names are fixed there).
+//!
+//! Labels are small closed sets (kind, location, op, class), never object names.
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, EncodeLabelValue},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+use std::sync::atomic::AtomicU64;
+
+/// Labels of per-kind, per-location series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// The mirrored kind, e.g. `NetworkInterface`.
+    pub kind: String,
+    /// The publishing location.
+    pub location: String,
+}
+
+/// A hub write outcome.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)] // the label values are the variant names, lowercase on the wire
+pub enum WriteOp {
+    /// The copy did not exist and was applied.
+    create,
+    /// The copy existed and was applied.
+    update,
+    /// The copy was deleted (watched delete, withdrawal or sweep).
+    delete,
+    /// The copy already held the desired content: no request was sent.
+    skipped,
+}
+
+/// Labels of `replicator_writes_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// The mirrored kind.
+    pub kind: String,
+    /// The publishing location.
+    pub location: String,
+    /// The outcome.
+    pub op: WriteOp,
+}
+
+/// Labels of `replicator_errors_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// The mirrored kind.
+    pub kind: String,
+    /// The publishing location.
+    pub location: String,
+    /// The error class (see `sync::ErrorClass::metric_label`).
+    pub class: &'static str,
+}
+
+/// Labels of process-wide, per-location series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LocationLabels {
+    /// The publishing location.
+    pub location: String,
+}
+
+/// Every metric of `replicator run`, registered under the `replicator_` prefix.
+#[derive(Clone)]
+pub struct Metrics {
+    /// `replicator_propagation_lag_seconds`: source change observed → hub write acknowledged.
+    pub propagation_lag: Family<KindLabels, Histogram>,
+    /// `replicator_copies`: copies this location has on the hub (hub cache size).
+    pub copies: Family<KindLabels, Gauge>,
+    /// `replicator_writes_total`: hub writes by outcome.
+    pub writes: Family<WriteLabels, Counter>,
+    /// `replicator_errors_total`: errors by class.
+    pub errors: Family<ErrorLabels, Counter>,
+    /// `replicator_sweep_deleted_total`: copies the sweep collected.
+    pub sweep_deleted: Family<KindLabels, Counter>,
+    /// `replicator_unroutable_objects`: sources not published because their namespace lacks
+    /// routing labels.
+    pub unroutable: Family<KindLabels, Gauge>,
+    /// `replicator_source_up`: 1 while the cell watch of a kind is listed and healthy.
+    pub source_up: Family<KindLabels, Gauge>,
+    /// `replicator_hub_up`: 1 while the hub answers.
+    pub hub_up: Family<LocationLabels, Gauge>,
+    /// `replicator_last_sync_timestamp_seconds`: Unix time of the last successful write or
+    /// verified no-op of a kind.
+    pub last_sync: Family<KindLabels, Gauge<f64, AtomicU64>>,
+    /// `replicator_leader`: 1 while this process may write for the location.
+    pub leader: Family<LocationLabels, Gauge>,
+}
+
+fn lag_histogram() -> Histogram {
+    // 1 ms .. ~65 s in powers of two: resolves sub-10 ms relay floors and multi-second outages.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.001, 2.0, 17,
+    ))
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them in `registry` under the `replicator_` prefix.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            propagation_lag: Family::new_with_constructor(lag_histogram),
+            copies: Family::default(),
+            writes: Family::default(),
+            errors: Family::default(),
+            sweep_deleted: Family::default(),
+            unroutable: Family::default(),
+            source_up: Family::default(),
+            hub_up: Family::default(),
+            last_sync: Family::default(),
+            leader: Family::default(),
+        };
+        let r = registry.sub_registry_with_prefix("replicator");
+        r.register(
+            "propagation_lag_seconds",
+            "Seconds from a source change observed in a cell to the hub acknowledging the write",
+            m.propagation_lag.clone(),
+        );
+        r.register("copies", "Copies this location has on the hub", m.copies.clone());
+        r.register(
+            "writes",
+            "Hub writes by outcome; skipped means the copy already held the content",
+            m.writes.clone(),
+        );
+        r.register("errors", "Errors by class", m.errors.clone());
+        r.register(
+            "sweep_deleted",
+            "Copies collected by the sweep because their source is gone",
+            m.sweep_deleted.clone(),
+        );
+        r.register(
+            "unroutable_objects",
+            "Sources not published because their namespace lacks the project routing labels",
+            m.unroutable.clone(),
+        );
+        r.register(
+            "source_up",
+            "1 while the cell watch of a kind has listed and is healthy",
+            m.source_up.clone(),
+        );
+        r.register("hub_up", "1 while the hub apiserver answers", m.hub_up.clone());
+        r.register(
+            "last_sync_timestamp_seconds",
+            "Unix time of the last successful hub write or verified no-op of a kind",
+            m.last_sync.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this process is the writer for the location",
+            m.leader.clone(),
+        );
+        m
+    }
+}
+
+/// Encodes `registry` in the Prometheus text exposition format.
+///
+/// # Errors
+/// Only a formatter error, which writing to a `String` never produces.
+pub fn encode(registry: &Registry) -> Result<String, std::fmt::Error> {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_the_fixed_design_names() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        let kind = KindLabels {
+            kind: "NetworkInterface".into(),
+            location: "dfw".into(),
+        };
+        m.propagation_lag.get_or_create(&kind).observe(0.02);
+        m.writes
+            .get_or_create(&WriteLabels {
+                kind: "NetworkInterface".into(),
+                location: "dfw".into(),
+                op: WriteOp::skipped,
+            })
+            .inc();
+        m.errors
+            .get_or_create(&ErrorLabels {
+                kind: "NetworkInterface".into(),
+                location: "dfw".into(),
+                class: "invalid",
+            })
+            .inc();
+        m.hub_up
+            .get_or_create(&LocationLabels { location: "dfw".into() })
+            .set(1);
+        m.last_sync.get_or_create(&kind).set(1.5);
+        for family in [&m.copies, &m.unroutable, &m.source_up] {
+            family.get_or_create(&kind).set(2);
+        }
+        m.sweep_deleted.get_or_create(&kind).inc();
+        m.leader
+            .get_or_create(&LocationLabels { location: "dfw".into() })
+            .set(1);
+        let text = encode(&registry).unwrap();
+        for line in [
+            r#"replicator_propagation_lag_seconds_count{kind="NetworkInterface",location="dfw"} 1"#,
+            r#"replicator_writes_total{kind="NetworkInterface",location="dfw",op="skipped"} 1"#,
+            r#"replicator_errors_total{kind="NetworkInterface",location="dfw",class="invalid"} 1"#,
+            r#"replicator_copies{kind="NetworkInterface",location="dfw"} 2"#,
+            r#"replicator_unroutable_objects{kind="NetworkInterface",location="dfw"} 2"#,
+            r#"replicator_source_up{kind="NetworkInterface",location="dfw"} 2"#,
+            r#"replicator_hub_up{location="dfw"} 1"#,
+            r#"replicator_last_sync_timestamp_seconds{kind="NetworkInterface",location="dfw"} 1.5"#,
+            r#"replicator_sweep_deleted_total{kind="NetworkInterface",location="dfw"} 1"#,
+            r#"replicator_leader{location="dfw"} 1"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+}

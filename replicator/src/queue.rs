@@ -1,0 +1,214 @@
+//! A deduplicating, keyed work queue (the client-go workqueue contract).
+//!
+//! Reflectors add keys; workers take them. A key is queued at most once; a key being processed
+//! is never handed to a second worker, and a key added while it is processed is queued again
+//! when the worker calls [`WorkQueue::done`], so the latest state always gets one more pass.
+//! kube-runtime's `Controller` runner has these semantics but reconciles only objects present in
+//! its store (a deleted source would never be seen), so the replicator keeps its own queue.
+
+use std::{
+    collections::{HashSet, VecDeque},
+    hash::Hash,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use tokio::sync::Notify;
+
+/// The queue. Share it behind an [`Arc`].
+pub struct WorkQueue<K> {
+    state: Mutex<State<K>>,
+    notify: Notify,
+}
+
+struct State<K> {
+    order: VecDeque<K>,
+    queued: HashSet<K>,
+    active: HashSet<K>,
+    again: HashSet<K>,
+    closed: bool,
+}
+
+impl<K: Hash + Eq + Clone + Send + 'static> Default for WorkQueue<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
+    /// An empty, open queue.
+    pub fn new() -> Self {
+        Self {
+            state: Mutex::new(State {
+                order: VecDeque::new(),
+                queued: HashSet::new(),
+                active: HashSet::new(),
+                again: HashSet::new(),
+                closed: false,
+            }),
+            notify: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<K>> {
+        // A poisoned lock means a worker panicked while holding it; the sets are still
+        // consistent (every mutation is a single insert/remove), so keep going.
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Queues `key` unless it is already queued; marks it for another pass if it is active.
+    pub fn add(&self, key: K) {
+        let mut s = self.lock();
+        if s.closed || s.queued.contains(&key) {
+            return;
+        }
+        if s.active.contains(&key) {
+            s.again.insert(key);
+            return;
+        }
+        s.queued.insert(key.clone());
+        s.order.push_back(key);
+        drop(s);
+        self.notify.notify_one();
+    }
+
+    /// Queues `key` after `delay` (per-key backoff); the queue must be shared via [`Arc`].
+    pub fn add_after(self: &Arc<Self>, key: K, delay: Duration) {
+        let queue = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            queue.add(key);
+        });
+    }
+
+    /// Waits for the next key and marks it active; `None` once the queue is closed and drained.
+    pub async fn next(&self) -> Option<K> {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut s = self.lock();
+                if let Some(key) = s.order.pop_front() {
+                    s.queued.remove(&key);
+                    s.active.insert(key.clone());
+                    if !s.order.is_empty() {
+                        // Let another idle worker pick up the rest.
+                        self.notify.notify_one();
+                    }
+                    return Some(key);
+                }
+                if s.closed {
+                    return None;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Marks `key` processed; re-queues it if it was added while active.
+    pub fn done(&self, key: &K) {
+        let mut s = self.lock();
+        s.active.remove(key);
+        if s.again.remove(key) && !s.closed && s.queued.insert(key.clone()) {
+            s.order.push_back(key.clone());
+            drop(s);
+            self.notify.notify_one();
+        }
+    }
+
+    /// Number of keys waiting (not counting active ones).
+    pub fn len(&self) -> usize {
+        self.lock().order.len()
+    }
+
+    /// Whether no key is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Stops accepting keys and wakes every waiting worker; waiting keys are dropped.
+    pub fn close(&self) {
+        let mut s = self.lock();
+        s.closed = true;
+        s.order.clear();
+        s.queued.clear();
+        drop(s);
+        self.notify.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn keys_are_deduplicated_and_fifo() {
+        let q = WorkQueue::new();
+        q.add("a");
+        q.add("b");
+        q.add("a");
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.next().await, Some("a"));
+        assert_eq!(q.next().await, Some("b"));
+        assert!(q.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_key_added_while_active_comes_back_after_done_only() {
+        let q = WorkQueue::new();
+        q.add("a");
+        assert_eq!(q.next().await, Some("a"));
+        q.add("a");
+        assert!(q.is_empty(), "an active key is not handed out twice");
+        q.done(&"a");
+        assert_eq!(q.next().await, Some("a"));
+        q.done(&"a");
+        assert!(q.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_waiting_worker_wakes_on_add_and_close_ends_it() {
+        let q = Arc::new(WorkQueue::new());
+        let worker = {
+            let q = Arc::clone(&q);
+            tokio::spawn(async move {
+                let mut seen = vec![];
+                while let Some(k) = q.next().await {
+                    seen.push(k);
+                    q.done(&k);
+                }
+                seen
+            })
+        };
+        tokio::task::yield_now().await;
+        q.add(1);
+        q.add(2);
+        // Wait for the worker to drain, bounded by a deadline rather than a fixed sleep.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !q.is_empty() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .unwrap();
+        tokio::task::yield_now().await;
+        q.close();
+        let seen = tokio::time::timeout(Duration::from_secs(5), worker)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(seen, vec![1, 2]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn add_after_delays_the_key() {
+        let q = Arc::new(WorkQueue::new());
+        q.add_after("k", Duration::from_secs(3));
+        tokio::task::yield_now().await;
+        assert!(q.is_empty());
+        tokio::time::advance(Duration::from_secs(4)).await;
+        tokio::task::yield_now().await;
+        assert_eq!(q.next().await, Some("k"));
+    }
+}

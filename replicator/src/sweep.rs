@@ -1,0 +1,171 @@
+//! The sweep: collects this location's hub copies whose source is gone (DESIGN §5).
+//!
+//! It runs once at start-up, after every reflector of the cell has completed a full list, and
+//! then every interval (±10 % jitter). Safety rules:
+//! - a rule is swept only while its cell watch is listed and healthy (an empty or failing cache
+//!   must never look like "every source is gone");
+//! - only copies carrying this location's label are considered, so another location's copies are
+//!   never touched;
+//! - a copy whose source is missing from the cache is confirmed with a direct read of the cell;
+//!   a read error keeps the copy;
+//! - deletes per pass are capped, and each carries a UID precondition.
+
+use std::{sync::atomic::Ordering, time::Duration};
+
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, DynamicObject, ListParams, Preconditions},
+    core::{Selector, SelectorExt},
+    runtime::reflector::ObjectRef,
+};
+use rand::Rng;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    copy,
+    metrics::Metrics,
+    rules,
+    sync::{CellSync, RuleState},
+};
+
+/// Sweep settings.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// Time between sweeps (jittered ±10 %).
+    pub interval: Duration,
+    /// Deletes per pass, across rules; the rest waits for the next pass.
+    pub max_deletes: usize,
+}
+
+/// What one pass did, per rule.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Copies examined.
+    pub examined: usize,
+    /// Copies deleted.
+    pub deleted: usize,
+    /// Rules skipped because their cell watch was not listed or not healthy.
+    pub skipped_rules: Vec<String>,
+    /// Copies kept because the cell could not be read.
+    pub kept_on_error: usize,
+    /// Whether the delete cap stopped the pass.
+    pub capped: bool,
+}
+
+/// Whether `source` (as read from the cell) is still a source of `state`'s rule.
+fn still_a_source(state: &RuleState, source: &DynamicObject) -> bool {
+    let labels = source.labels();
+    if copy::is_copy(labels) {
+        return false;
+    }
+    match &state.rule.source_selector {
+        Some(selector) => Selector::try_from(selector.clone()).is_ok_and(|s| s.matches(labels)),
+        None => true,
+    }
+}
+
+/// One sweep pass over every rule of `sync`.
+pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) -> Report {
+    let mut report = Report::default();
+    let location = &sync.settings.location;
+    let selector = format!("{}={}", rules::LOCATION_LABEL, location);
+    for state in &sync.rules {
+        let kind = &state.rule.resource.kind;
+        if !state.sources_listed.load(Ordering::Acquire) || !state.sources_healthy.load(Ordering::Acquire) {
+            tracing::warn!(kind = %kind, "sweep skipped: the cell watch is not listed or not healthy");
+            report.skipped_rules.push(kind.clone());
+            continue;
+        }
+        let hub_api = Api::<DynamicObject>::all_with(sync.hub().clone(), &state.resource);
+        let copies = match hub_api.list(&ListParams::default().labels(&selector)).await {
+            Ok(list) => list.items,
+            Err(err) => {
+                tracing::warn!(kind = %kind, error = %err, "sweep skipped: cannot list hub copies");
+                report.skipped_rules.push(kind.clone());
+                continue;
+            }
+        };
+        for copy in copies {
+            if !copy::published_by(&copy, location) {
+                continue;
+            }
+            report.examined += 1;
+            let annotations = copy.annotations();
+            let (Some(namespace), Some(name)) = (
+                annotations.get(copy::SOURCE_NAMESPACE_ANNOTATION).cloned(),
+                annotations.get(copy::SOURCE_NAME_ANNOTATION).cloned(),
+            ) else {
+                tracing::warn!(kind = %kind, copy = %copy.name_any(), "copy lacks source annotations; left alone");
+                continue;
+            };
+            let source_ref = ObjectRef::new_with(&name, state.resource.clone()).within(&namespace);
+            if state.sources.get(&source_ref).is_some() {
+                continue;
+            }
+            let cell_api = Api::<DynamicObject>::namespaced_with(sync.cell().clone(), &namespace, &state.resource);
+            match cell_api.get_opt(&name).await {
+                Ok(Some(source)) if still_a_source(state, &source) => continue,
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(kind = %kind, source = %format!("{namespace}/{name}"), error = %err, "cell read failed; copy kept");
+                    report.kept_on_error += 1;
+                    continue;
+                }
+            }
+            if report.deleted >= settings.max_deletes {
+                report.capped = true;
+                break;
+            }
+            let copy_api = Api::<DynamicObject>::namespaced_with(sync.hub().clone(), &namespace, &state.resource);
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: copy.uid(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match copy_api.delete(&copy.name_any(), &params).await {
+                Ok(_) => {
+                    report.deleted += 1;
+                    metrics.sweep_deleted.get_or_create(&state.labels).inc();
+                    tracing::info!(kind = %kind, copy = %copy.name_any(), source = %format!("{namespace}/{name}"), "sweep collected a copy whose source is gone");
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(err) => tracing::warn!(kind = %kind, copy = %copy.name_any(), error = %err, "sweep delete failed"),
+            }
+        }
+        if report.capped {
+            tracing::warn!(
+                max = settings.max_deletes,
+                "sweep reached its delete cap; the rest waits for the next pass"
+            );
+            break;
+        }
+    }
+    report
+}
+
+/// Runs the start-up sweep once every cache has listed, then a sweep every interval.
+pub async fn run(sync: std::sync::Arc<CellSync>, metrics: Metrics, settings: Settings, cancel: CancellationToken) {
+    tokio::select! {
+        () = cancel.cancelled() => return,
+        () = sync.wait_listed() => {}
+    }
+    loop {
+        let report = sweep_once(&sync, &metrics, settings).await;
+        tracing::info!(
+            examined = report.examined,
+            deleted = report.deleted,
+            kept_on_error = report.kept_on_error,
+            skipped = ?report.skipped_rules,
+            capped = report.capped,
+            "sweep done"
+        );
+        let jitter = rand::rng().random_range(0.9..1.1);
+        let wait = settings.interval.mul_f64(jitter);
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}

@@ -1,0 +1,966 @@
+//! Mirroring of one cell onto the hub: reflectors feed a keyed queue, workers apply copies.
+//!
+//! Per rule (kind) a reflector watches the cell's sources (server-side filtered by the rule's
+//! selector plus the loop guard) and another watches this location's copies on the hub, so an
+//! edited or deleted copy is repaired at once. A third reflector watches the cell's namespaces
+//! for project routing. Reflectors only update caches and queue keys: no hub write happens in a
+//! watch loop (DESIGN §5). Workers take a key, plan the copy with the pure [`crate::copy`]
+//! transform and server-side apply it under the location's own field manager, so labels and
+//! annotations Karmada writes on copies are never fought over, and a label the replicator stops
+//! applying disappears because it owned it.
+//!
+//! Deletions: a watched delete (or an object gone after a relist) leaves a tombstone and the
+//! worker withdraws the copy; copies whose source vanished while nothing watched are collected by
+//! the sweep ([`crate::sweep`]). A hub outage pauses writers (see [`HubHealth`]); the latest
+//! state per key stays queued and nothing is deleted because of it.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant, SystemTime},
+};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{DeleteParams, DynamicObject, Patch, PatchParams, Preconditions},
+    discovery::ApiResource,
+    runtime::{
+        WatchStreamExt,
+        events::{Event as KubeEvent, EventType, Recorder, Reporter},
+        reflector::{ObjectRef, Store, store::Writer},
+        watcher::{self, Event},
+    },
+};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::{
+    cluster::HubHealth,
+    copy::{self, Plan},
+    health::Health,
+    metrics::{ErrorLabels, KindLabels, LocationLabels, Metrics, WriteLabels, WriteOp},
+    queue::WorkQueue,
+    routing::{self, UPSTREAM_CLUSTER_LABEL, UPSTREAM_NAMESPACE_LABEL},
+    rules::{self, Rule},
+};
+
+/// How an error is handled (DESIGN §5 "Errors are classified"). None of them withdraws what is
+/// published.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The hub (or cell) did not answer: writers pause until the hub is back.
+    Unreachable,
+    /// A retryable API answer (409, 429, 5xx, timeouts): retried with exponential backoff.
+    Transient,
+    /// 403 (RBAC, or a terminating namespace): Event, metric, slow retry.
+    Forbidden,
+    /// 400/422: the hub rejects the copy (e.g. its CRD differs): Event, metric, slow retry.
+    Invalid,
+    /// The copy's namespace does not exist on the hub; it is never created by the replicator.
+    NamespaceMissing,
+    /// An object of the copy's name exists on the hub without this location's label.
+    NotOurs,
+    /// The source cannot be turned into a copy (see [`copy::Error`]); waits for a source change.
+    SourceInvalid,
+}
+
+impl ErrorClass {
+    /// The `class` label of `replicator_errors_total`.
+    pub fn metric_label(self) -> &'static str {
+        match self {
+            Self::Unreachable => "unreachable",
+            Self::Transient => "transient",
+            Self::Forbidden => "forbidden",
+            Self::Invalid => "invalid",
+            Self::NamespaceMissing => "namespace_missing",
+            Self::NotOurs => "not_ours",
+            Self::SourceInvalid => "source_invalid",
+        }
+    }
+
+    /// Delay before attempt `attempt` (1-based) of a key that failed with this class; `None`
+    /// means no retry until the source changes.
+    ///
+    /// Transient and unreachable: 250 ms doubling to 30 s. Forbidden, invalid, missing namespace
+    /// and foreign objects: 5 s doubling to 5 min, so a refused write costs at most a request
+    /// every five minutes per key once settled.
+    pub fn retry_after(self, attempt: u32) -> Option<Duration> {
+        let exp = |base_ms: u64, cap: Duration| {
+            let factor = 1u64 << attempt.saturating_sub(1).min(20);
+            Some(Duration::from_millis(base_ms.saturating_mul(factor)).min(cap))
+        };
+        match self {
+            Self::Unreachable | Self::Transient => exp(250, Duration::from_secs(30)),
+            Self::Forbidden | Self::Invalid | Self::NamespaceMissing | Self::NotOurs => {
+                exp(5_000, Duration::from_secs(300))
+            }
+            Self::SourceInvalid => None,
+        }
+    }
+
+    /// The Event reason shown on the source object in the cell.
+    fn event_reason(self) -> &'static str {
+        match self {
+            Self::Unreachable | Self::Transient => "HubWriteFailed",
+            Self::Forbidden => "HubWriteForbidden",
+            Self::Invalid => "HubRejectedCopy",
+            Self::NamespaceMissing => "HubNamespaceMissing",
+            Self::NotOurs => "HubNameTaken",
+            Self::SourceInvalid => "SourceInvalid",
+        }
+    }
+}
+
+/// Classifies a Kubernetes client error.
+pub fn classify(err: &kube::Error) -> ErrorClass {
+    match err {
+        kube::Error::Api(status) => match status.code {
+            404 if status.message.contains("namespaces \"") => ErrorClass::NamespaceMissing,
+            404 => ErrorClass::Invalid,
+            403 => ErrorClass::Forbidden,
+            400 | 422 => ErrorClass::Invalid,
+            _ => ErrorClass::Transient,
+        },
+        kube::Error::HyperError(_) | kube::Error::Service(_) => ErrorClass::Unreachable,
+        _ => ErrorClass::Transient,
+    }
+}
+
+/// A failed pass over one key.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A hub request failed.
+    #[error("hub request failed: {0}")]
+    Hub(#[source] kube::Error),
+    /// An object of the copy's name on the hub is not this location's copy.
+    #[error("hub object {namespace}/{name} exists without label {label}={location}; refusing to touch it")]
+    NotOurs {
+        /// Namespace of the hub object.
+        namespace: String,
+        /// Name of the hub object.
+        name: String,
+        /// The location label key.
+        label: &'static str,
+        /// This location.
+        location: String,
+    },
+    /// The source cannot be turned into a copy.
+    #[error("source cannot be copied: {0}")]
+    Source(#[from] copy::Error),
+}
+
+impl Error {
+    /// The class deciding retry, Event and metric.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Self::Hub(e) => classify(e),
+            Self::NotOurs { .. } => ErrorClass::NotOurs,
+            Self::Source(_) => ErrorClass::SourceInvalid,
+        }
+    }
+}
+
+/// A queued unit of work: one source key of one rule.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Key {
+    /// Index of the rule in [`CellSync::rules`].
+    pub rule: usize,
+    /// Source namespace (the copy's namespace too).
+    pub namespace: String,
+    /// Source name.
+    pub name: String,
+}
+
+/// Settings of one cell's sync.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// This cell's location (a DNS label): copy name suffix, location label, field manager.
+    pub location: String,
+    /// Concurrent hub writers.
+    pub workers: usize,
+}
+
+/// Per-rule caches and state of one cell.
+pub struct RuleState {
+    /// The rule.
+    pub rule: Rule,
+    /// Its dynamic API resource.
+    pub resource: ApiResource,
+    /// Metric labels of this kind and location.
+    pub labels: KindLabels,
+    /// Sources in the cell (the reflector's cache).
+    pub sources: Store<DynamicObject>,
+    /// This location's copies on the hub (the reflector's cache).
+    pub copies: Store<DynamicObject>,
+    /// The source reflector completed a full list at least once.
+    pub sources_listed: AtomicBool,
+    /// The source reflector has had no error since its last full list.
+    pub sources_healthy: AtomicBool,
+    /// The hub copy reflector completed a full list at least once.
+    pub copies_listed: AtomicBool,
+    tombstones: Mutex<HashSet<(String, String)>>,
+    unroutable: Mutex<HashSet<(String, String)>>,
+}
+
+/// The reflector writers handed to [`CellSync::run`], one pair per rule plus namespaces.
+pub struct Writers {
+    sources: Vec<Writer<DynamicObject>>,
+    copies: Vec<Writer<DynamicObject>>,
+    namespaces: Writer<Namespace>,
+}
+
+/// One cell mirrored onto the hub.
+pub struct CellSync {
+    /// Settings.
+    pub settings: Settings,
+    /// Rule states, indexed by [`Key::rule`].
+    pub rules: Vec<RuleState>,
+    cell: Client,
+    hub: Client,
+    hub_health: HubHealth,
+    namespaces: Store<Namespace>,
+    namespaces_listed: AtomicBool,
+    queue: Arc<WorkQueue<Key>>,
+    first_seen: Mutex<HashMap<Key, Instant>>,
+    attempts: Mutex<HashMap<Key, u32>>,
+    reported: Mutex<HashMap<Key, &'static str>>,
+    readiness: watch::Sender<u64>,
+    metrics: Metrics,
+    health: Health,
+    recorder: Recorder,
+    field_manager: String,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section is a single map operation, so a poisoned lock is still consistent.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl CellSync {
+    /// Builds the sync of one cell; call [`CellSync::run`] with the returned writers.
+    pub fn new(
+        settings: Settings,
+        rules: Vec<Rule>,
+        cell: Client,
+        hub: Client,
+        hub_health: HubHealth,
+        metrics: Metrics,
+        health: Health,
+    ) -> (Arc<Self>, Writers) {
+        let mut source_writers = Vec::new();
+        let mut copy_writers = Vec::new();
+        let states = rules
+            .into_iter()
+            .map(|rule| {
+                let resource = rule.resource.api_resource();
+                let sources = Writer::new(resource.clone());
+                let copies = Writer::new(resource.clone());
+                let state = RuleState {
+                    labels: KindLabels {
+                        kind: rule.resource.kind.clone(),
+                        location: settings.location.clone(),
+                    },
+                    sources: sources.as_reader(),
+                    copies: copies.as_reader(),
+                    resource,
+                    rule,
+                    sources_listed: AtomicBool::new(false),
+                    sources_healthy: AtomicBool::new(false),
+                    copies_listed: AtomicBool::new(false),
+                    tombstones: Mutex::default(),
+                    unroutable: Mutex::default(),
+                };
+                source_writers.push(sources);
+                copy_writers.push(copies);
+                state
+            })
+            .collect();
+        let namespaces = Writer::<Namespace>::default();
+        let recorder = Recorder::new(
+            cell.clone(),
+            Reporter {
+                controller: "replicator".into(),
+                instance: Some(settings.location.clone()),
+            },
+        );
+        let this = Self {
+            field_manager: format!("replicator-{}", settings.location),
+            settings,
+            rules: states,
+            cell,
+            hub,
+            hub_health,
+            namespaces: namespaces.as_reader(),
+            namespaces_listed: AtomicBool::new(false),
+            queue: Arc::new(WorkQueue::new()),
+            first_seen: Mutex::default(),
+            attempts: Mutex::default(),
+            reported: Mutex::default(),
+            readiness: watch::Sender::new(0),
+            metrics,
+            health,
+            recorder,
+        };
+        (
+            Arc::new(this),
+            Writers {
+                sources: source_writers,
+                copies: copy_writers,
+                namespaces,
+            },
+        )
+    }
+
+    /// The cell client.
+    pub fn cell(&self) -> &Client {
+        &self.cell
+    }
+
+    /// The hub client.
+    pub fn hub(&self) -> &Client {
+        &self.hub
+    }
+
+    /// The field manager of this location's writes.
+    pub fn field_manager(&self) -> &str {
+        &self.field_manager
+    }
+
+    /// Runs reflectors and workers until `cancel` fires.
+    pub async fn run(self: Arc<Self>, writers: Writers, cancel: CancellationToken) {
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, writer) in writers.sources.into_iter().enumerate() {
+            tasks.spawn(Arc::clone(&self).watch_sources(i, writer, cancel.clone()));
+        }
+        for (i, writer) in writers.copies.into_iter().enumerate() {
+            tasks.spawn(Arc::clone(&self).watch_copies(i, writer, cancel.clone()));
+        }
+        tasks.spawn(Arc::clone(&self).watch_namespaces(writers.namespaces, cancel.clone()));
+        for _ in 0..self.settings.workers.max(1) {
+            tasks.spawn(Arc::clone(&self).work());
+        }
+        cancel.cancelled().await;
+        self.queue.close();
+        while tasks.join_next().await.is_some() {}
+    }
+
+    fn bump_readiness(&self) {
+        self.readiness.send_modify(|v| *v = v.wrapping_add(1));
+        let problems: Vec<String> = self
+            .rules
+            .iter()
+            .filter(|r| !r.sources_listed.load(Ordering::Acquire) || !r.copies_listed.load(Ordering::Acquire))
+            .map(|r| r.rule.resource.kind.clone())
+            .collect();
+        let key = format!("cell {}", self.settings.location);
+        if problems.is_empty() && self.namespaces_listed.load(Ordering::Acquire) {
+            self.health.clear(&key);
+        } else {
+            self.health
+                .set(&key, format!("initial list pending for {problems:?} or namespaces"));
+        }
+    }
+
+    /// Whether the caches a key of `rule` needs have all completed a full list.
+    pub fn is_listed(&self, rule: usize) -> bool {
+        self.namespaces_listed.load(Ordering::Acquire)
+            && self
+                .rules
+                .get(rule)
+                .is_some_and(|r| r.sources_listed.load(Ordering::Acquire) && r.copies_listed.load(Ordering::Acquire))
+    }
+
+    /// Whether every rule's caches have completed a full list.
+    pub fn all_listed(&self) -> bool {
+        (0..self.rules.len()).all(|i| self.is_listed(i))
+    }
+
+    /// Resolves once every rule's caches have completed a full list.
+    pub async fn wait_listed(&self) {
+        let mut rx = self.readiness.subscribe();
+        let _ = rx.wait_for(|_| self.all_listed()).await;
+    }
+
+    fn enqueue(&self, key: Key, observed: Option<Instant>) {
+        if let Some(at) = observed {
+            lock(&self.first_seen).entry(key.clone()).or_insert(at);
+        }
+        self.queue.add(key);
+    }
+
+    async fn watch_sources(self: Arc<Self>, i: usize, mut writer: Writer<DynamicObject>, cancel: CancellationToken) {
+        let state = &self.rules[i];
+        let kind = state.rule.resource.kind.clone();
+        let span = tracing::info_span!("sources", cluster = "cell", location = %self.settings.location, kind = %kind);
+        let selector = match rules::source_selector(&state.rule) {
+            Ok(s) => s,
+            Err(err) => {
+                // Rules are validated at start-up, so this is unreachable in practice.
+                tracing::error!(parent: &span, error = %err, "invalid source selector; not watching");
+                return;
+            }
+        };
+        let api = Api::<DynamicObject>::all_with(self.cell.clone(), &state.resource);
+        let config = watcher::Config::default().labels_from(&selector);
+        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        let mut relisting: Option<Vec<Key>> = None;
+        let mut before_relist: HashSet<(String, String)> = HashSet::new();
+        loop {
+            let next = tokio::select! {
+                () = cancel.cancelled() => return,
+                next = stream.next() => next,
+            };
+            let Some(next) = next else { return };
+            let now = Instant::now();
+            match next {
+                Err(err) => {
+                    state.sources_healthy.store(false, Ordering::Release);
+                    self.metrics.source_up.get_or_create(&state.labels).set(0);
+                    self.count_error(state, ErrorClass::Transient);
+                    tracing::warn!(parent: &span, error = %err, "cell watch failed; retrying with backoff");
+                }
+                Ok(event) => {
+                    let event = event.modify(|o| o.managed_fields_mut().clear());
+                    writer.apply_watcher_event(&event);
+                    match &event {
+                        Event::Init => {
+                            before_relist = if state.sources_listed.load(Ordering::Acquire) {
+                                state
+                                    .sources
+                                    .state()
+                                    .iter()
+                                    .map(|o| (o.namespace().unwrap_or_default(), o.name_any()))
+                                    .collect()
+                            } else {
+                                HashSet::new()
+                            };
+                            relisting = Some(Vec::new());
+                        }
+                        Event::InitApply(o) => {
+                            let key = self.key(i, o);
+                            lock(&state.tombstones).remove(&(key.namespace.clone(), key.name.clone()));
+                            lock(&self.first_seen).entry(key.clone()).or_insert(now);
+                            relisting.get_or_insert_with(Vec::new).push(key);
+                        }
+                        Event::InitDone => {
+                            // The store swapped in the full list: queue every key against it, and
+                            // treat keys that vanished during a watch gap as watched deletes.
+                            let listed = relisting.take().unwrap_or_default();
+                            let present: HashSet<(String, String)> =
+                                listed.iter().map(|k| (k.namespace.clone(), k.name.clone())).collect();
+                            for (namespace, name) in before_relist.drain().filter(|k| !present.contains(k)) {
+                                lock(&state.tombstones).insert((namespace.clone(), name.clone()));
+                                self.enqueue(
+                                    Key {
+                                        rule: i,
+                                        namespace,
+                                        name,
+                                    },
+                                    Some(now),
+                                );
+                            }
+                            for key in listed {
+                                self.queue.add(key);
+                            }
+                            state.sources_listed.store(true, Ordering::Release);
+                            state.sources_healthy.store(true, Ordering::Release);
+                            self.metrics.source_up.get_or_create(&state.labels).set(1);
+                            tracing::info!(parent: &span, objects = state.sources.len(), "cell list complete");
+                            self.bump_readiness();
+                        }
+                        Event::Apply(o) => {
+                            let key = self.key(i, o);
+                            lock(&state.tombstones).remove(&(key.namespace.clone(), key.name.clone()));
+                            self.enqueue(key, Some(now));
+                        }
+                        Event::Delete(o) => {
+                            let key = self.key(i, o);
+                            lock(&state.tombstones).insert((key.namespace.clone(), key.name.clone()));
+                            self.enqueue(key, Some(now));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn watch_copies(self: Arc<Self>, i: usize, mut writer: Writer<DynamicObject>, cancel: CancellationToken) {
+        let state = &self.rules[i];
+        let span = tracing::info_span!("copies", cluster = "hub", location = %self.settings.location, kind = %state.rule.resource.kind);
+        let api = Api::<DynamicObject>::all_with(self.hub.clone(), &state.resource);
+        let config =
+            watcher::Config::default().labels(&format!("{}={}", rules::LOCATION_LABEL, self.settings.location));
+        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        let mut relisting: Vec<Key> = Vec::new();
+        loop {
+            let next = tokio::select! {
+                () = cancel.cancelled() => return,
+                next = stream.next() => next,
+            };
+            let Some(next) = next else { return };
+            match next {
+                Err(err) => {
+                    let class = match &err {
+                        watcher::Error::InitialListFailed(e)
+                        | watcher::Error::WatchStartFailed(e)
+                        | watcher::Error::WatchFailed(e) => classify(e),
+                        _ => ErrorClass::Transient,
+                    };
+                    if class == ErrorClass::Unreachable {
+                        self.hub_health.mark_down();
+                    }
+                    self.count_error(state, class);
+                    tracing::warn!(parent: &span, error = %err, "hub watch failed; retrying with backoff");
+                }
+                Ok(event) => {
+                    let event = event.modify(|o| o.managed_fields_mut().clear());
+                    writer.apply_watcher_event(&event);
+                    match &event {
+                        Event::Init => relisting.clear(),
+                        Event::InitApply(o) => relisting.extend(self.source_key_of_copy(i, o)),
+                        Event::InitDone => {
+                            for key in relisting.drain(..) {
+                                self.queue.add(key);
+                            }
+                            state.copies_listed.store(true, Ordering::Release);
+                            self.hub_health.mark_up();
+                            self.bump_readiness();
+                        }
+                        Event::Apply(o) | Event::Delete(o) => {
+                            if let Some(key) = self.source_key_of_copy(i, o) {
+                                self.queue.add(key);
+                            }
+                        }
+                    }
+                    self.metrics
+                        .copies
+                        .get_or_create(&state.labels)
+                        .set(state.copies.len() as i64);
+                }
+            }
+        }
+    }
+
+    async fn watch_namespaces(self: Arc<Self>, mut writer: Writer<Namespace>, cancel: CancellationToken) {
+        let span = tracing::info_span!("namespaces", cluster = "cell", location = %self.settings.location);
+        let api = Api::<Namespace>::all(self.cell.clone());
+        let mut stream = watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        let mut routing_of: HashMap<String, (Option<String>, Option<String>)> = HashMap::new();
+        loop {
+            let next = tokio::select! {
+                () = cancel.cancelled() => return,
+                next = stream.next() => next,
+            };
+            let Some(next) = next else { return };
+            match next {
+                Err(err) => {
+                    tracing::warn!(parent: &span, error = %err, "cell namespace watch failed; retrying with backoff")
+                }
+                Ok(event) => {
+                    let event = event.modify(|o| o.managed_fields_mut().clear());
+                    writer.apply_watcher_event(&event);
+                    match &event {
+                        Event::Apply(ns) | Event::InitApply(ns) => {
+                            let labels = ns.labels();
+                            let routing = (
+                                labels.get(UPSTREAM_CLUSTER_LABEL).cloned(),
+                                labels.get(UPSTREAM_NAMESPACE_LABEL).cloned(),
+                            );
+                            let name = ns.name_any();
+                            let changed = routing_of.get(&name) != Some(&routing);
+                            routing_of.insert(name.clone(), routing);
+                            if changed && self.namespaces_listed.load(Ordering::Acquire) {
+                                self.requeue_namespace(&name);
+                            }
+                        }
+                        Event::Delete(ns) => {
+                            routing_of.remove(&ns.name_any());
+                        }
+                        Event::Init => {}
+                        Event::InitDone => {
+                            if !self.namespaces_listed.swap(true, Ordering::AcqRel) {
+                                tracing::info!(parent: &span, namespaces = routing_of.len(), "cell namespaces listed");
+                            }
+                            self.bump_readiness();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Queues every source in `namespace`, of every rule (its routing labels changed).
+    fn requeue_namespace(&self, namespace: &str) {
+        let now = Instant::now();
+        for (i, state) in self.rules.iter().enumerate() {
+            for o in state
+                .sources
+                .state_filter(|o| o.namespace().as_deref() == Some(namespace))
+            {
+                self.enqueue(
+                    Key {
+                        rule: i,
+                        namespace: namespace.to_owned(),
+                        name: o.name_any(),
+                    },
+                    Some(now),
+                );
+            }
+        }
+    }
+
+    fn key(&self, rule: usize, o: &DynamicObject) -> Key {
+        Key {
+            rule,
+            namespace: o.namespace().unwrap_or_default(),
+            name: o.name_any(),
+        }
+    }
+
+    fn source_key_of_copy(&self, rule: usize, copy: &DynamicObject) -> Option<Key> {
+        let annotations = copy.annotations();
+        let namespace = annotations.get(copy::SOURCE_NAMESPACE_ANNOTATION)?;
+        let name = annotations.get(copy::SOURCE_NAME_ANNOTATION)?;
+        Some(Key {
+            rule,
+            namespace: namespace.clone(),
+            name: name.clone(),
+        })
+    }
+
+    async fn work(self: Arc<Self>) {
+        while let Some(key) = self.queue.next().await {
+            let mut rx = self.readiness.subscribe();
+            let _ = rx.wait_for(|_| self.is_listed(key.rule)).await;
+            self.hub_health.wait_up().await;
+            let state = &self.rules[key.rule];
+            let span = tracing::info_span!(
+                "sync",
+                location = %self.settings.location,
+                kind = %state.rule.resource.kind,
+                namespace = %key.namespace,
+                name = %key.name
+            );
+            let result = self.process(&key).instrument(span.clone()).await;
+            match result {
+                Ok(()) => {
+                    lock(&self.attempts).remove(&key);
+                    lock(&self.reported).remove(&key);
+                }
+                Err(err) => self.handle_error(&key, &err, &span).await,
+            }
+            self.queue.done(&key);
+        }
+    }
+
+    async fn handle_error(&self, key: &Key, err: &Error, span: &tracing::Span) {
+        let state = &self.rules[key.rule];
+        let class = err.class();
+        self.count_error(state, class);
+        if class == ErrorClass::Unreachable {
+            self.hub_health.mark_down();
+        }
+        let attempt = {
+            let mut attempts = lock(&self.attempts);
+            let n = attempts.entry(key.clone()).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        };
+        let retry = class.retry_after(attempt);
+        tracing::warn!(parent: span, error = %err, class = class.metric_label(), attempt, retry_in = ?retry, "sync failed");
+        if matches!(
+            class,
+            ErrorClass::Forbidden
+                | ErrorClass::Invalid
+                | ErrorClass::NamespaceMissing
+                | ErrorClass::NotOurs
+                | ErrorClass::SourceInvalid
+        ) {
+            let first = lock(&self.reported).insert(key.clone(), class.event_reason()) != Some(class.event_reason());
+            if first {
+                self.publish_event(key, EventType::Warning, class.event_reason(), &err.to_string())
+                    .await;
+            }
+        }
+        match retry {
+            Some(delay) => self.queue.add_after(key.clone(), delay),
+            None => {
+                lock(&self.first_seen).remove(key);
+            }
+        }
+    }
+
+    fn count_error(&self, state: &RuleState, class: ErrorClass) {
+        self.metrics
+            .errors
+            .get_or_create(&ErrorLabels {
+                kind: state.labels.kind.clone(),
+                location: state.labels.location.clone(),
+                class: class.metric_label(),
+            })
+            .inc();
+    }
+
+    /// Publishes an Event on the source object in the cell; failures are logged, never fatal.
+    async fn publish_event(&self, key: &Key, type_: EventType, reason: &str, note: &str) {
+        let state = &self.rules[key.rule];
+        let source_ref = ObjectRef::new_with(&key.name, state.resource.clone()).within(&key.namespace);
+        let Some(source) = state.sources.get(&source_ref) else {
+            return;
+        };
+        let reference = source.object_ref(&state.resource);
+        let mut note = note.to_owned();
+        note.truncate(1000);
+        let event = KubeEvent {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Mirror".into(),
+            secondary: None,
+        };
+        if let Err(err) = self.recorder.publish(&event, &reference).await {
+            tracing::debug!(error = %err, "failed to publish event");
+        }
+    }
+
+    fn write_done(&self, key: &Key, op: WriteOp) {
+        let state = &self.rules[key.rule];
+        self.metrics
+            .writes
+            .get_or_create(&WriteLabels {
+                kind: state.labels.kind.clone(),
+                location: state.labels.location.clone(),
+                op,
+            })
+            .inc();
+        let seen = lock(&self.first_seen).remove(key);
+        if op != WriteOp::skipped
+            && let Some(seen) = seen
+        {
+            self.metrics
+                .propagation_lag
+                .get_or_create(&state.labels)
+                .observe(seen.elapsed().as_secs_f64());
+        }
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or_default();
+        self.metrics.last_sync.get_or_create(&state.labels).set(now);
+    }
+
+    /// One pass over one key: make the hub copy match the source (or withdraw it).
+    async fn process(&self, key: &Key) -> Result<(), Error> {
+        let state = &self.rules[key.rule];
+        let location = &self.settings.location;
+        let source_ref = ObjectRef::new_with(&key.name, state.resource.clone()).within(&key.namespace);
+        let copy_name = copy::copy_name(&key.namespace, &key.name, location);
+        let ns_key = (key.namespace.clone(), key.name.clone());
+        let Some(source) = state.sources.get(&source_ref) else {
+            if lock(&state.tombstones).contains(&ns_key) {
+                let deleted = self.withdraw(state, &key.namespace, &copy_name).await?;
+                lock(&state.tombstones).remove(&ns_key);
+                self.set_unroutable(state, key, false);
+                if deleted {
+                    self.write_done(key, WriteOp::delete);
+                } else {
+                    lock(&self.first_seen).remove(key);
+                }
+            } else {
+                // Absent without a watched delete: the sweep decides (it confirms with the cell).
+                lock(&self.first_seen).remove(key);
+            }
+            return Ok(());
+        };
+        let ns_labels = self
+            .namespaces
+            .get(&ObjectRef::new(&key.namespace))
+            .map(|ns| ns.labels().clone());
+        let routing = match routing::resolve(&key.namespace, ns_labels.as_ref()) {
+            Ok(routing) => {
+                self.set_unroutable(state, key, false);
+                routing
+            }
+            Err(unroutable) => {
+                if self.set_unroutable(state, key, true) {
+                    tracing::warn!(reason = %unroutable, "source not published: namespace is not routable");
+                    self.publish_event(
+                        key,
+                        EventType::Warning,
+                        "Unroutable",
+                        &format!("not published to the hub: {unroutable}"),
+                    )
+                    .await;
+                }
+                lock(&self.first_seen).remove(key);
+                return Ok(());
+            }
+        };
+        match copy::plan(&state.rule, location, &source, &routing)? {
+            Plan::Ignore | Plan::Hold => {
+                lock(&self.first_seen).remove(key);
+                Ok(())
+            }
+            Plan::Withdraw => {
+                if self.withdraw(state, &key.namespace, &copy_name).await? {
+                    self.write_done(key, WriteOp::delete);
+                }
+                Ok(())
+            }
+            Plan::Publish(desired) => {
+                let copy_ref = ObjectRef::new_with(&copy_name, state.resource.clone()).within(&key.namespace);
+                let api = Api::<DynamicObject>::namespaced_with(self.hub.clone(), &key.namespace, &state.resource);
+                let existing = match state.copies.get(&copy_ref) {
+                    Some(copy) => Some(copy),
+                    // Not in our cache: make sure the name is not taken by someone else's object
+                    // before applying (a forced apply would take over its fields).
+                    None => api.get_opt(&copy_name).await.map_err(Error::Hub)?.map(Arc::new),
+                };
+                if let Some(copy) = &existing {
+                    if !copy::published_by(copy, location) {
+                        return Err(self.not_ours(&key.namespace, &copy_name));
+                    }
+                    if copy::in_sync(&desired, copy) {
+                        self.write_done(key, WriteOp::skipped);
+                        return Ok(());
+                    }
+                }
+                let params = PatchParams::apply(&self.field_manager).force();
+                api.patch(&copy_name, &params, &Patch::Apply(&desired.object))
+                    .await
+                    .map_err(Error::Hub)?;
+                if let Some(status) = &desired.status {
+                    api.patch_status(&copy_name, &params, &Patch::Apply(status))
+                        .await
+                        .map_err(Error::Hub)?;
+                }
+                self.write_done(
+                    key,
+                    if existing.is_some() {
+                        WriteOp::update
+                    } else {
+                        WriteOp::create
+                    },
+                );
+                tracing::debug!(copy = %copy_name, "copy applied");
+                Ok(())
+            }
+        }
+    }
+
+    fn not_ours(&self, namespace: &str, name: &str) -> Error {
+        Error::NotOurs {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            label: rules::LOCATION_LABEL,
+            location: self.settings.location.clone(),
+        }
+    }
+
+    /// Deletes this location's copy `namespace/name` if it exists (UID precondition). Returns
+    /// whether a delete was sent. A same-named object without our label is never touched.
+    pub async fn withdraw(&self, state: &RuleState, namespace: &str, name: &str) -> Result<bool, Error> {
+        let api = Api::<DynamicObject>::namespaced_with(self.hub.clone(), namespace, &state.resource);
+        let Some(copy) = api.get_opt(name).await.map_err(Error::Hub)? else {
+            return Ok(false);
+        };
+        if !copy::published_by(&copy, &self.settings.location) {
+            tracing::warn!(copy = %name, "not withdrawing: the hub object is not this location's copy");
+            return Ok(false);
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: copy.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(name, &params).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+            Err(e) => Err(Error::Hub(e)),
+        }
+    }
+
+    /// Records whether `key` is unroutable; returns true when it just became unroutable.
+    fn set_unroutable(&self, state: &RuleState, key: &Key, unroutable: bool) -> bool {
+        let mut set = lock(&state.unroutable);
+        let id = (key.namespace.clone(), key.name.clone());
+        let changed = if unroutable { set.insert(id) } else { set.remove(&id) };
+        if changed {
+            self.metrics
+                .unroutable
+                .get_or_create(&state.labels)
+                .set(set.len() as i64);
+        }
+        changed && unroutable
+    }
+
+    /// Marks this process as the writer of its location (single replica: always).
+    pub fn set_leader(&self, leader: bool) {
+        self.metrics
+            .leader
+            .get_or_create(&LocationLabels {
+                location: self.settings.location.clone(),
+            })
+            .set(i64::from(leader));
+    }
+
+    /// Queue length, for diagnostics.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Labels of the copies of rule `i`, as shown in logs.
+    pub fn describe(&self) -> BTreeMap<String, usize> {
+        self.rules
+            .iter()
+            .map(|r| (r.rule.resource.kind.clone(), r.copies.len()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delays_grow_and_cap_per_class() {
+        assert_eq!(ErrorClass::Transient.retry_after(1), Some(Duration::from_millis(250)));
+        assert_eq!(ErrorClass::Transient.retry_after(3), Some(Duration::from_millis(1000)));
+        assert_eq!(ErrorClass::Transient.retry_after(40), Some(Duration::from_secs(30)));
+        assert_eq!(ErrorClass::Invalid.retry_after(1), Some(Duration::from_secs(5)));
+        assert_eq!(ErrorClass::Invalid.retry_after(10), Some(Duration::from_secs(300)));
+        assert_eq!(ErrorClass::SourceInvalid.retry_after(1), None);
+    }
+
+    #[test]
+    fn api_errors_are_classified_by_code() {
+        let api = |code: u16| {
+            kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                ..kube::core::Status::default()
+            }))
+        };
+        let missing_ns = kube::Error::Api(Box::new(kube::core::Status {
+            code: 404,
+            message: "namespaces \"ns-1\" not found".into(),
+            ..kube::core::Status::default()
+        }));
+        assert_eq!(classify(&missing_ns), ErrorClass::NamespaceMissing);
+        assert_eq!(classify(&api(404)), ErrorClass::Invalid);
+        assert_eq!(classify(&api(403)), ErrorClass::Forbidden);
+        assert_eq!(classify(&api(422)), ErrorClass::Invalid);
+        assert_eq!(classify(&api(409)), ErrorClass::Transient);
+        assert_eq!(classify(&api(503)), ErrorClass::Transient);
+        assert_eq!(ErrorClass::NamespaceMissing.metric_label(), "namespace_missing");
+    }
+}
