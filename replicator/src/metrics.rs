@@ -74,6 +74,8 @@ pub struct Metrics {
     pub errors: Family<ErrorLabels, Counter>,
     /// `replicator_sweep_deleted_total`: copies the sweep collected.
     pub sweep_deleted: Family<KindLabels, Counter>,
+    /// `replicator_sweep_runs_total`: completed sweep passes.
+    pub sweep_runs: Family<LocationLabels, Counter>,
     /// `replicator_unroutable_objects`: sources not published because their namespace lacks
     /// routing labels.
     pub unroutable: Family<KindLabels, Gauge>,
@@ -104,6 +106,7 @@ impl Metrics {
             writes: Family::default(),
             errors: Family::default(),
             sweep_deleted: Family::default(),
+            sweep_runs: Family::default(),
             unroutable: Family::default(),
             source_up: Family::default(),
             hub_up: Family::default(),
@@ -128,6 +131,7 @@ impl Metrics {
             "Copies collected by the sweep because their source is gone",
             m.sweep_deleted.clone(),
         );
+        r.register("sweep_runs", "Completed sweep passes", m.sweep_runs.clone());
         r.register(
             "unroutable_objects",
             "Sources not published because their namespace lacks the project routing labels",

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     copy,
-    metrics::Metrics,
+    metrics::{LocationLabels, Metrics},
     rules,
     sync::{CellSync, RuleState},
 };
@@ -153,6 +153,7 @@ pub async fn run(sync: std::sync::Arc<CellSync>, metrics: Metrics, settings: Set
     }
     loop {
         let report = sweep_once(&sync, &metrics, settings).await;
+        metrics.sweep_runs.get_or_create(&LocationLabels { location: sync.settings.location.clone() }).inc();
         tracing::info!(
             examined = report.examined,
             deleted = report.deleted,
