@@ -1,0 +1,153 @@
+//! `replicator-env`: brings the local real control plane up or down, and reports on it.
+//!
+//! ```text
+//! replicator-env up                  start (or reuse) etcd + hub/cell-a/cell-b apiservers
+//! replicator-env status              per cluster: url, readyz, pid
+//! replicator-env kubeconfig cell-a   print the path of a cluster's kubeconfig
+//! replicator-env down                stop everything started from the state directory
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use replicator_e2e::{Cluster, Environment, controlplane, paths};
+use tracing_subscriber::EnvFilter;
+
+/// Manage the local e2e control plane (one etcd, kube-apiservers hub, cell-a and cell-b).
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// State directory of the environment [default: <workspace>/target/replicator-env].
+    #[arg(long, env = paths::ENV_DIR_VAR, global = true)]
+    dir: Option<PathBuf>,
+
+    #[command(subcommand)]
+    command: Commands,
+}
+
+#[derive(Debug, Subcommand)]
+enum Commands {
+    /// Start the environment, or reuse it if it is already up and healthy.
+    Up,
+    /// Stop every process of the environment.
+    Down,
+    /// Show each component's URL, readiness and pid; exits 1 unless all are healthy.
+    Status,
+    /// Print the path of a cluster's admin kubeconfig (hub, cell-a or cell-b).
+    Kubeconfig {
+        /// The cluster.
+        cluster: Cluster,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let dir = cli
+        .dir
+        .map(|dir| std::path::absolute(&dir).unwrap_or(dir))
+        .unwrap_or_else(paths::state_dir);
+    match cli.command {
+        Commands::Up => up(&dir).await,
+        Commands::Down => {
+            controlplane::teardown(&dir)
+                .await
+                .with_context(|| format!("stopping the environment at {}", dir.display()))?;
+            println!("environment at {} is down", dir.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Commands::Status => status(&dir).await,
+        Commands::Kubeconfig { cluster } => {
+            let path = controlplane::kubeconfig_path(&dir, cluster);
+            anyhow::ensure!(
+                path.is_file(),
+                "{} does not exist; run `replicator-env up` first",
+                path.display()
+            );
+            println!("{}", path.display());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn up(dir: &Path) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let env = Environment::ensure_up_at(dir)
+        .await
+        .with_context(|| format!("bringing the environment at {} up", dir.display()))?;
+    if env.reused() {
+        println!("environment already up at {}; reusing it", env.dir().display());
+    } else {
+        println!(
+            "environment up at {} (started in {:.1}s)",
+            env.dir().display(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    for cluster in Cluster::ALL {
+        println!(
+            "  {:<7} {}  {}",
+            cluster.name(),
+            env.server_url(cluster),
+            env.kubeconfig_path(cluster).display()
+        );
+    }
+    println!("  {:<7} {}", "etcd", env.etcd_url());
+    println!();
+    println!("export {}={}", paths::ENV_DIR_VAR, env.dir().display());
+    for cluster in Cluster::ALL {
+        let var = format!("KUBECONFIG_{}", cluster.name().replace('-', "_").to_uppercase());
+        println!("export {var}={}", env.kubeconfig_path(cluster).display());
+    }
+    let merged: Vec<String> = Cluster::ALL
+        .into_iter()
+        .map(|cluster| env.kubeconfig_path(cluster).display().to_string())
+        .collect();
+    println!(
+        "export KUBECONFIG={}  # contexts: hub, cell-a, cell-b",
+        merged.join(":")
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn status(dir: &Path) -> anyhow::Result<ExitCode> {
+    let status = match controlplane::status(dir).await {
+        Ok(status) => status,
+        Err(replicator_e2e::Error::NotUp(dir)) => {
+            println!("no environment at {}", dir.display());
+            return Ok(ExitCode::FAILURE);
+        }
+        Err(error) => return Err(error).context("reading the environment's status"),
+    };
+    println!("environment at {}", status.dir.display());
+    println!(
+        "  {:<24} {:<34} {:<8} {:<8} ready",
+        "component", "url", "pid", "running"
+    );
+    for component in &status.components {
+        let pid = component.pid.map_or_else(|| "-".to_owned(), |pid| pid.to_string());
+        let ready = match &component.ready {
+            Ok(()) => "ok".to_owned(),
+            Err(problem) => format!("failed: {problem}"),
+        };
+        println!(
+            "  {:<24} {:<34} {:<8} {:<8} {ready}",
+            component.name,
+            component.url,
+            pid,
+            if component.running { "yes" } else { "no" },
+        );
+    }
+    Ok(if status.healthy() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

@@ -1,0 +1,106 @@
+//! The control-plane binaries, built by `e2e/scripts/build-control-plane.sh` into a cache.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use serde::{Deserialize, Serialize};
+use tokio::process::Command;
+
+use crate::command::describe;
+use crate::error::{Error, Result, io_context};
+use crate::paths;
+
+/// The etcd version the harness runs.
+pub const ETCD_VERSION: &str = "v3.6.16";
+/// The Kubernetes version the harness runs (kube-apiserver, kube-controller-manager, kubectl).
+pub const KUBE_VERSION: &str = "v1.35.4";
+
+/// Paths of the control-plane binaries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Binaries {
+    /// etcd.
+    pub etcd: PathBuf,
+    /// kube-apiserver.
+    pub kube_apiserver: PathBuf,
+    /// kube-controller-manager.
+    pub kube_controller_manager: PathBuf,
+    /// kubectl.
+    pub kubectl: PathBuf,
+}
+
+impl Binaries {
+    /// Where the build script puts the pinned versions inside `cache`.
+    pub fn in_cache(cache: &Path) -> Binaries {
+        let bin = cache.join("bin");
+        let kube = bin.join(format!("kubernetes-{KUBE_VERSION}"));
+        Binaries {
+            etcd: bin.join(format!("etcd-{ETCD_VERSION}")).join("etcd"),
+            kube_apiserver: kube.join("kube-apiserver"),
+            kube_controller_manager: kube.join("kube-controller-manager"),
+            kubectl: kube.join("kubectl"),
+        }
+    }
+
+    /// Where the binaries are expected in the default cache ([`paths::cache_dir`]).
+    pub fn expected() -> Binaries {
+        Binaries::in_cache(&paths::cache_dir())
+    }
+
+    /// All four paths.
+    pub fn all(&self) -> [&Path; 4] {
+        [
+            &self.etcd,
+            &self.kube_apiserver,
+            &self.kube_controller_manager,
+            &self.kubectl,
+        ]
+    }
+
+    /// The paths that do not exist yet.
+    pub fn missing(&self) -> Vec<&Path> {
+        self.all().into_iter().filter(|path| !path.is_file()).collect()
+    }
+
+    /// Returns the cached binaries, running the build script first (its output streamed to this
+    /// process's stdout and stderr) if any is missing.
+    pub async fn ensure() -> Result<Binaries> {
+        let cache = paths::cache_dir();
+        let binaries = Binaries::in_cache(&cache);
+        if binaries.missing().is_empty() {
+            return Ok(binaries);
+        }
+        let script = paths::build_script();
+        tracing::info!(
+            missing = ?binaries.missing(),
+            script = %script.display(),
+            "control-plane binaries missing; building them (takes a while on a cold cache)"
+        );
+        let mut command = Command::new("bash");
+        command
+            .arg(&script)
+            .env("REPLICATOR_CACHE", &cache)
+            .env("KUBE_VERSION", KUBE_VERSION)
+            .env("ETCD_VERSION", ETCD_VERSION)
+            .stdin(Stdio::null())
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit());
+        let status = command
+            .status()
+            .await
+            .map_err(io_context(format!("running `{}`", describe(&command))))?;
+        if !status.success() {
+            return Err(Error::CommandFailed {
+                command: describe(&command),
+                status,
+                output: "(its output was streamed above)".to_owned(),
+            });
+        }
+        if let Some(path) = binaries.missing().first() {
+            return Err(Error::BinaryMissing {
+                path: path.to_path_buf(),
+                script,
+            });
+        }
+        Ok(binaries)
+    }
+}

@@ -1,0 +1,850 @@
+//! The environment: one etcd, three kube-apiservers (`hub`, `cell-a`, `cell-b`, each under its
+//! own etcd prefix) and a kube-controller-manager for the hub, all real binaries running as
+//! detached processes on loopback ports.
+//!
+//! Layout of the state directory (`$REPLICATOR_ENV_DIR`, default `<workspace>/target/replicator-env`):
+//!
+//! ```text
+//! state.json            pids, start times, ports, binaries (see `state.rs`)
+//! .lock                 flock held while starting or stopping the environment
+//! etcd/                 etcd's data directory
+//! pki/                  CA (cert and key), apiserver serving cert, service-account keys, tokens.csv
+//! kubeconfigs/          <cluster>.kubeconfig (admin), hub-controller-manager.kubeconfig
+//! logs/                 <component>.log for every process, replicator-<location>-<n>.log
+//! ```
+
+use std::ffi::{OsStr, OsString};
+use std::fs::{File, OpenOptions};
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use futures::future::{join_all, try_join_all};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
+use tokio::process::Command;
+
+use crate::binaries::Binaries;
+use crate::cluster::Cluster;
+use crate::command::{self, combined_output, describe};
+use crate::crds;
+use crate::error::{Error, Result, io_context};
+use crate::kubeconfig;
+use crate::paths;
+use crate::pki::{Pki, Tokens};
+use crate::ports::Ports;
+use crate::process::{self, ProcessRecord, log_tail};
+use crate::state::State;
+use crate::wait::{self, Check};
+
+/// How long etcd may take to answer `/health`.
+const ETCD_READY: Duration = Duration::from_secs(60);
+/// How long an apiserver may take to answer `/readyz` (three start at once on a small machine).
+const APISERVER_READY: Duration = Duration::from_secs(180);
+/// How long kube-controller-manager may take to answer `/healthz`.
+const CONTROLLER_MANAGER_READY: Duration = Duration::from_secs(120);
+/// How long a process gets between SIGTERM and SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(30);
+/// How long a port may keep accepting connections after its process is gone.
+const PORT_RELEASE: Duration = Duration::from_secs(10);
+/// How long `down` waits for init to reap the stopped processes.
+const REAP_DEADLINE: Duration = Duration::from_secs(10);
+/// The timeout of one health probe.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many log lines an error about a component quotes.
+const LOG_TAIL_LINES: usize = 40;
+/// Executable names of every process the harness starts, for the leftover sweep.
+const EXECUTABLES: [&str; 4] = ["etcd", "kube-apiserver", "kube-controller-manager", "replicator"];
+/// The lock file inside the state directory (survives a fresh start's cleanup).
+const LOCK_FILE: &str = ".lock";
+
+/// A running environment.
+///
+/// Obtain one with [`Environment::ensure_up`]. The processes are detached: they keep running
+/// after this value (and the process holding it) is gone, until [`Environment::down`] or
+/// `replicator-env down`.
+pub struct Environment {
+    dir: PathBuf,
+    pki: Pki,
+    ports: Ports,
+    binaries: Binaries,
+    admin_token: String,
+    http: reqwest::Client,
+    state: tokio::sync::Mutex<State>,
+    reused: bool,
+}
+
+impl std::fmt::Debug for Environment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The admin token stays out of debug output.
+        f.debug_struct("Environment")
+            .field("dir", &self.dir)
+            .field("ports", &self.ports)
+            .field("binaries", &self.binaries)
+            .field("reused", &self.reused)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The observed health of one component of the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComponentStatus {
+    /// `etcd`, `hub`, `cell-a`, `cell-b` or `kube-controller-manager`.
+    pub name: String,
+    /// The cluster, for apiservers.
+    pub cluster: Option<Cluster>,
+    /// The URL probed.
+    pub url: String,
+    /// The recorded pid, if the component is supposed to run.
+    pub pid: Option<u32>,
+    /// Whether the recorded process is running.
+    pub running: bool,
+    /// `Ok(())` if the probe answered 200, otherwise what went wrong.
+    pub ready: std::result::Result<(), String>,
+}
+
+/// The observed health of a whole environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    /// The state directory.
+    pub dir: PathBuf,
+    /// etcd, the apiservers, kube-controller-manager.
+    pub components: Vec<ComponentStatus>,
+}
+
+impl Status {
+    /// Whether every component runs and answers its probe.
+    pub fn healthy(&self) -> bool {
+        self.components
+            .iter()
+            .all(|component| component.running && component.ready.is_ok())
+    }
+}
+
+impl Environment {
+    /// Brings the environment in the default state directory ([`paths::state_dir`]) up, reusing
+    /// a healthy running one; see [`Environment::ensure_up_at`].
+    pub async fn ensure_up() -> Result<Environment> {
+        Environment::ensure_up_at(&paths::state_dir()).await
+    }
+
+    /// Brings the environment in `dir` up.
+    ///
+    /// If `dir` holds a running environment whose processes are all alive and ready, it is
+    /// reused (CRDs are reinstalled only if `config/crds` changed). Otherwise leftovers are
+    /// killed, the directory is wiped, the binaries are built if missing (the build script's
+    /// output is streamed), and everything is started fresh: PKI, kubeconfigs, etcd, the three
+    /// apiservers, the hub's kube-controller-manager, the CRDs. If a fresh start fails, whatever
+    /// it started is stopped again (the logs stay) and the error names the component that
+    /// failed, with the tail of its log.
+    ///
+    /// Concurrent callers on the same directory are serialised by a file lock.
+    pub async fn ensure_up_at(dir: &Path) -> Result<Environment> {
+        let dir = paths::absolute(dir.to_path_buf());
+        std::fs::create_dir_all(&dir).map_err(io_context(format!("creating {}", dir.display())))?;
+        let _lock = lock_dir(&dir).await?;
+        if let Some(env) = Environment::reusable(&dir).await? {
+            tracing::info!(dir = %dir.display(), "environment already up; reusing it");
+            env.install_crds_if_changed().await?;
+            return Ok(env);
+        }
+        match Environment::start_fresh(&dir).await {
+            Ok(env) => Ok(env),
+            Err(error) => {
+                // Leave no half-started environment behind; the logs stay for inspection.
+                let state = State::load(&dir).ok().flatten();
+                if let Err(cleanup) = stop_all(&dir, state.as_ref()).await {
+                    tracing::warn!(%cleanup, "stopping the half-started environment failed");
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// The environment recorded in `dir`, without checking or starting anything.
+    pub async fn attach(dir: &Path) -> Result<Environment> {
+        let dir = paths::absolute(dir.to_path_buf());
+        let state = State::load(&dir)?.ok_or_else(|| Error::NotUp(dir.clone()))?;
+        Environment::from_state(&dir, state, true).await
+    }
+
+    /// The state directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether [`Environment::ensure_up`] found this environment already running.
+    pub fn reused(&self) -> bool {
+        self.reused
+    }
+
+    /// The environment's PKI (its CA can sign more certificates, for example for webhooks).
+    pub fn pki(&self) -> &Pki {
+        &self.pki
+    }
+
+    /// The environment's ports.
+    pub fn ports(&self) -> Ports {
+        self.ports
+    }
+
+    /// The control-plane binaries the environment runs.
+    pub fn binaries(&self) -> &Binaries {
+        &self.binaries
+    }
+
+    /// The admin bearer token (`system:masters`).
+    pub fn admin_token(&self) -> &str {
+        &self.admin_token
+    }
+
+    /// The directory of the environment's log files.
+    pub fn logs_dir(&self) -> PathBuf {
+        logs_dir(&self.dir)
+    }
+
+    /// `https://127.0.0.1:<port>` of a cluster's apiserver.
+    pub fn server_url(&self, cluster: Cluster) -> String {
+        format!("https://127.0.0.1:{}", self.ports.apiserver(cluster))
+    }
+
+    /// `http://127.0.0.1:<port>` of etcd's client endpoint.
+    pub fn etcd_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.ports.etcd_client)
+    }
+
+    /// The admin kubeconfig of a cluster: `<state>/kubeconfigs/<cluster>.kubeconfig`.
+    pub fn kubeconfig_path(&self, cluster: Cluster) -> PathBuf {
+        kubeconfig::path(&self.dir, cluster)
+    }
+
+    /// A Kubernetes client for a cluster, authenticated as admin.
+    pub async fn client(&self, cluster: Cluster) -> Result<kube::Client> {
+        let kubeconfig = Kubeconfig::read_from(self.kubeconfig_path(cluster))?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// Runs `kubectl --kubeconfig <cluster's kubeconfig> <args>` and returns its output,
+    /// whatever its exit status.
+    pub async fn kubectl<I, S>(&self, cluster: Cluster, args: I) -> Result<Output>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        command::run(&mut self.kubectl_command(cluster, args)).await
+    }
+
+    /// Like [`Environment::kubectl`], but fails unless kubectl succeeds; returns its stdout.
+    pub async fn kubectl_ok<I, S>(&self, cluster: Cluster, args: I) -> Result<String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut command = self.kubectl_command(cluster, args);
+        let output = command::run(&mut command).await?;
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        } else {
+            Err(Error::CommandFailed {
+                command: describe(&command),
+                status: output.status,
+                output: combined_output(&output),
+            })
+        }
+    }
+
+    /// The kubectl command line for a cluster, not yet run.
+    pub(crate) fn kubectl_command<I, S>(&self, cluster: Cluster, args: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut command = Command::new(&self.binaries.kubectl);
+        command
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig_path(cluster))
+            .args(args);
+        command
+    }
+
+    /// The pid of a cluster's apiserver, `None` while it is stopped.
+    pub async fn apiserver_pid(&self, cluster: Cluster) -> Option<u32> {
+        let state = self.state.lock().await;
+        state
+            .apiserver(cluster)
+            .and_then(|entry| entry.process.as_ref())
+            .map(|process| process.pid)
+    }
+
+    /// Stops a cluster's apiserver (for outage tests): SIGTERM, wait until the process is gone
+    /// and its port refuses connections, SIGKILL after a deadline. Stopping a stopped apiserver
+    /// does nothing.
+    pub async fn stop_apiserver(&self, cluster: Cluster) -> Result<()> {
+        let mut state = self.state.lock().await;
+        let port = self.ports.apiserver(cluster);
+        let process = state.apiserver(cluster).and_then(|entry| entry.process.clone());
+        if let Some(process) = process {
+            let name = format!("kube-apiserver {cluster}");
+            tracing::info!(%cluster, pid = process.pid, "stopping apiserver");
+            process.signal(nix::sys::signal::Signal::SIGTERM)?;
+            let what = format!("{name} (pid {}) to exit and release port {port}", process.pid);
+            let stopped = wait::until_observed(STOP_GRACE, &what, || {
+                let alive = process.is_alive();
+                async move {
+                    Ok::<_, Error>(if alive {
+                        Check::NotYet("the process is still running".to_owned())
+                    } else if !port_refuses(port).await {
+                        Check::NotYet(format!("port {port} still accepts connections"))
+                    } else {
+                        Check::Ready(())
+                    })
+                }
+            })
+            .await;
+            if let Err(error) = stopped {
+                tracing::warn!(%error, "apiserver did not stop after SIGTERM; sending SIGKILL");
+                process.kill_and_wait(&name).await?;
+            }
+            state.set_apiserver_process(cluster, None);
+            state.save(&self.dir)?;
+        }
+        drop(state);
+        wait_port_refuses(port, &format!("port {port} of {cluster} to refuse connections")).await
+    }
+
+    /// Starts a cluster's apiserver with the same flags and port as before and waits until it
+    /// answers `/readyz`. If it is already running, only waits for readiness.
+    pub async fn start_apiserver(&self, cluster: Cluster) -> Result<()> {
+        let mut state = self.state.lock().await;
+        let running = state
+            .apiserver(cluster)
+            .and_then(|entry| entry.process.clone())
+            .filter(ProcessRecord::is_alive);
+        let process = match running {
+            Some(process) => process,
+            None => {
+                let port = self.ports.apiserver(cluster);
+                if !port_refuses(port).await {
+                    return Err(Error::PortInUse {
+                        port,
+                        component: format!("kube-apiserver {cluster}"),
+                    });
+                }
+                tracing::info!(%cluster, port, "starting apiserver");
+                let log = logs_dir(&self.dir).join(format!("kube-apiserver-{cluster}.log"));
+                let process =
+                    process::spawn_detached(&self.binaries.kube_apiserver, &self.apiserver_args(cluster), &log)?;
+                state.set_apiserver_process(cluster, Some(process.clone()));
+                state.save(&self.dir)?;
+                process
+            }
+        };
+        drop(state);
+        self.wait_ready(
+            &format!("kube-apiserver {cluster}"),
+            &process,
+            &format!("{}/readyz", self.server_url(cluster)),
+            true,
+            APISERVER_READY,
+        )
+        .await
+    }
+
+    /// Installs every `config/crds/*.yaml` into every cluster (server-side apply) and waits until
+    /// each CRD is Established.
+    pub async fn install_crds(&self) -> Result<()> {
+        let files = crds::files(&paths::crds_dir())?;
+        let digest = crds::digest(&files)?;
+        if !files.is_empty() {
+            tracing::info!(files = files.len(), "installing CRDs into every cluster");
+            try_join_all(
+                Cluster::ALL
+                    .into_iter()
+                    .map(|cluster| crds::install(self, cluster, &files)),
+            )
+            .await?;
+        }
+        let mut state = self.state.lock().await;
+        state.crds_digest = Some(digest);
+        state.save(&self.dir)
+    }
+
+    /// Probes every component.
+    pub async fn status(&self) -> Status {
+        let state = self.state.lock().await.clone();
+        let etcd = self.component_status(
+            "etcd".to_owned(),
+            None,
+            state.etcd.as_ref(),
+            format!("{}/health", self.etcd_url()),
+            false,
+        );
+        let apiservers = join_all(Cluster::ALL.into_iter().map(|cluster| {
+            let process = state.apiserver(cluster).and_then(|entry| entry.process.as_ref());
+            self.component_status(
+                cluster.name().to_owned(),
+                Some(cluster),
+                process,
+                format!("{}/readyz", self.server_url(cluster)),
+                true,
+            )
+        }));
+        let controller_manager = self.component_status(
+            "kube-controller-manager".to_owned(),
+            None,
+            state.controller_manager.as_ref(),
+            self.controller_manager_url(),
+            false,
+        );
+        let (etcd, apiservers, controller_manager) = futures::join!(etcd, apiservers, controller_manager);
+        let mut components = vec![etcd];
+        components.extend(apiservers);
+        components.push(controller_manager);
+        Status {
+            dir: self.dir.clone(),
+            components,
+        }
+    }
+
+    /// Stops every process of the environment (SIGTERM, SIGKILL after a deadline), kills any
+    /// leftover process started from this state directory (including replicators), and removes
+    /// `state.json`. Logs, PKI and etcd data stay until the next fresh start.
+    pub async fn down(&self) -> Result<()> {
+        let _lock = lock_dir(&self.dir).await?;
+        let state = self.state.lock().await.clone();
+        stop_all(&self.dir, Some(&state)).await
+    }
+
+    async fn reusable(dir: &Path) -> Result<Option<Environment>> {
+        let state = match State::load(dir) {
+            Ok(Some(state)) => state,
+            Ok(None) => return Ok(None),
+            Err(error) => {
+                tracing::warn!(%error, "ignoring an unreadable state file");
+                return Ok(None);
+            }
+        };
+        if !state.binaries.missing().is_empty() || state.binaries != Binaries::expected() {
+            tracing::info!("the recorded environment runs other binaries; starting fresh");
+            return Ok(None);
+        }
+        let env = match Environment::from_state(dir, state, true).await {
+            Ok(env) => env,
+            Err(error) => {
+                tracing::info!(%error, "the recorded environment is incomplete; starting fresh");
+                return Ok(None);
+            }
+        };
+        let status = env.status().await;
+        if status.healthy() {
+            return Ok(Some(env));
+        }
+        for component in status.components {
+            if let Err(problem) = component.ready {
+                tracing::info!(component = component.name, problem, "not healthy; starting fresh");
+            }
+        }
+        Ok(None)
+    }
+
+    async fn from_state(dir: &Path, state: State, reused: bool) -> Result<Environment> {
+        let pki = Pki::new(dir.join("pki"));
+        let ca = pki.ca_pem().await?;
+        let http = reqwest::Client::builder()
+            .use_rustls_tls()
+            .add_root_certificate(reqwest::Certificate::from_pem(&ca)?)
+            .no_proxy()
+            .timeout(PROBE_TIMEOUT)
+            .build()?;
+        Ok(Environment {
+            dir: dir.to_path_buf(),
+            pki,
+            ports: state.ports,
+            binaries: state.binaries.clone(),
+            admin_token: state.admin_token.clone(),
+            http,
+            state: tokio::sync::Mutex::new(state),
+            reused,
+        })
+    }
+
+    async fn start_fresh(dir: &Path) -> Result<Environment> {
+        stop_all(dir, State::load(dir).ok().flatten().as_ref()).await?;
+        let binaries = Binaries::ensure().await?;
+        let ports = Ports::from_env()?;
+        for (component, port) in ports.all() {
+            if !port_refuses(port).await {
+                return Err(Error::PortInUse {
+                    port,
+                    component: component.to_owned(),
+                });
+            }
+        }
+        wipe_except_lock(dir)?;
+        tracing::info!(dir = %dir.display(), "starting a fresh environment");
+        let pki = Pki::new(dir.join("pki"));
+        let tokens = pki.create().await?;
+        let state = State::new(ports, binaries, tokens.admin.clone());
+        state.save(dir)?;
+        let env = Environment::from_state(dir, state, false).await?;
+        env.write_kubeconfigs(&tokens).await?;
+        env.start_etcd().await?;
+        try_join_all(Cluster::ALL.into_iter().map(|cluster| env.start_apiserver(cluster))).await?;
+        env.start_controller_manager().await?;
+        env.install_crds().await?;
+        tracing::info!(dir = %dir.display(), "environment up");
+        Ok(env)
+    }
+
+    async fn install_crds_if_changed(&self) -> Result<()> {
+        let digest = crds::digest(&crds::files(&paths::crds_dir())?)?;
+        let installed = self.state.lock().await.crds_digest.clone();
+        if installed.as_deref() == Some(digest.as_str()) {
+            return Ok(());
+        }
+        self.install_crds().await
+    }
+
+    async fn write_kubeconfigs(&self, tokens: &Tokens) -> Result<()> {
+        let ca = self.pki.ca_pem().await?;
+        let dir = kubeconfig::dir(&self.dir);
+        std::fs::create_dir_all(&dir).map_err(io_context(format!("creating {}", dir.display())))?;
+        for cluster in Cluster::ALL {
+            let text = kubeconfig::render(cluster, &self.server_url(cluster), &ca, "admin", &tokens.admin);
+            write_private(&self.kubeconfig_path(cluster), &text)?;
+        }
+        let text = kubeconfig::render(
+            Cluster::Hub,
+            &self.server_url(Cluster::Hub),
+            &ca,
+            "controller-manager",
+            &tokens.controller_manager,
+        );
+        write_private(&kubeconfig::controller_manager_path(&self.dir), &text)
+    }
+
+    async fn start_etcd(&self) -> Result<()> {
+        let client = format!("http://127.0.0.1:{}", self.ports.etcd_client);
+        let peer = format!("http://127.0.0.1:{}", self.ports.etcd_peer);
+        let args = vec![
+            flag("--name", "replicator-e2e"),
+            flag("--data-dir", self.dir.join("etcd")),
+            flag("--listen-client-urls", &client),
+            flag("--advertise-client-urls", &client),
+            flag("--listen-peer-urls", &peer),
+            flag("--initial-advertise-peer-urls", &peer),
+            flag("--initial-cluster", format!("replicator-e2e={peer}")),
+            flag("--initial-cluster-state", "new"),
+            OsString::from("--unsafe-no-fsync"),
+        ];
+        tracing::info!(port = self.ports.etcd_client, "starting etcd");
+        let log = logs_dir(&self.dir).join("etcd.log");
+        let process = process::spawn_detached(&self.binaries.etcd, &args, &log)?;
+        {
+            let mut state = self.state.lock().await;
+            state.etcd = Some(process.clone());
+            state.save(&self.dir)?;
+        }
+        self.wait_ready(
+            "etcd",
+            &process,
+            &format!("{}/health", self.etcd_url()),
+            false,
+            ETCD_READY,
+        )
+        .await
+    }
+
+    fn apiserver_args(&self, cluster: Cluster) -> Vec<OsString> {
+        let serving = self.pki.apiserver_cert();
+        let mut args = vec![
+            flag("--etcd-servers", format!("http://127.0.0.1:{}", self.ports.etcd_client)),
+            flag("--etcd-prefix", cluster.etcd_prefix()),
+            flag("--secure-port", self.ports.apiserver(cluster).to_string()),
+            flag("--bind-address", "127.0.0.1"),
+            flag("--advertise-address", "127.0.0.1"),
+            flag("--endpoint-reconciler-type", "none"),
+            flag("--cert-dir", self.pki.dir().join(cluster.name())),
+            flag("--tls-cert-file", &serving.cert),
+            flag("--tls-private-key-file", &serving.key),
+            flag("--client-ca-file", self.pki.ca_cert()),
+            flag("--service-account-issuer", "https://kubernetes.default.svc"),
+            flag("--service-account-key-file", self.pki.service_account_public_key()),
+            flag("--service-account-signing-key-file", self.pki.service_account_key()),
+            flag("--service-cluster-ip-range", "10.96.0.0/16"),
+            flag("--authorization-mode", "RBAC"),
+            flag("--token-auth-file", self.pki.tokens_file()),
+            flag("--disable-admission-plugins", "ServiceAccount"),
+            // Without it, open watches (kube-controller-manager's, the replicator's) hold a
+            // SIGTERMed apiserver up to its 60s request timeout; with it, they end at once.
+            flag("--shutdown-watch-termination-grace-period", "5s"),
+        ];
+        if cluster != Cluster::Hub {
+            // One compactor for the shared etcd is enough.
+            args.push(flag("--etcd-compaction-interval", "0"));
+        }
+        args
+    }
+
+    async fn start_controller_manager(&self) -> Result<()> {
+        let serving = self.pki.apiserver_cert();
+        let args = vec![
+            flag("--kubeconfig", kubeconfig::controller_manager_path(&self.dir)),
+            flag("--controllers", "namespace,garbagecollector"),
+            flag("--leader-elect", "false"),
+            flag("--bind-address", "127.0.0.1"),
+            flag("--secure-port", self.ports.controller_manager.to_string()),
+            flag("--tls-cert-file", &serving.cert),
+            flag("--tls-private-key-file", &serving.key),
+        ];
+        tracing::info!(port = self.ports.controller_manager, "starting kube-controller-manager");
+        let log = logs_dir(&self.dir).join("kube-controller-manager.log");
+        let process = process::spawn_detached(&self.binaries.kube_controller_manager, &args, &log)?;
+        {
+            let mut state = self.state.lock().await;
+            state.controller_manager = Some(process.clone());
+            state.save(&self.dir)?;
+        }
+        self.wait_ready(
+            "kube-controller-manager",
+            &process,
+            &self.controller_manager_url(),
+            false,
+            CONTROLLER_MANAGER_READY,
+        )
+        .await
+    }
+
+    fn controller_manager_url(&self) -> String {
+        format!("https://127.0.0.1:{}/healthz", self.ports.controller_manager)
+    }
+
+    /// Polls `url` until it answers 200, failing early if the process exits; on failure the
+    /// error carries the tail of the component's log.
+    async fn wait_ready(
+        &self,
+        component: &str,
+        process: &ProcessRecord,
+        url: &str,
+        bearer: bool,
+        deadline: Duration,
+    ) -> Result<()> {
+        let what = format!("{component} to answer {url}");
+        let result = wait::until_observed(deadline, &what, move || {
+            let alive = process.is_alive();
+            async move {
+                if !alive {
+                    return Ok::<_, Error>(Check::Abort(format!("the process (pid {}) exited", process.pid)));
+                }
+                Ok(match self.probe(url, bearer).await {
+                    Ok(()) => Check::Ready(()),
+                    Err(problem) => Check::NotYet(problem),
+                })
+            }
+        })
+        .await;
+        result.map_err(|reason| Error::NotReady {
+            component: component.to_owned(),
+            reason: Box::new(reason),
+            log: process.log.clone(),
+            log_tail: log_tail(&process.log, LOG_TAIL_LINES),
+        })
+    }
+
+    /// GETs `url`; `Ok` on 200, otherwise a description of the answer or the failure.
+    async fn probe(&self, url: &str, bearer: bool) -> std::result::Result<(), String> {
+        let mut request = self.http.get(url);
+        if bearer {
+            request = request.bearer_auth(&self.admin_token);
+        }
+        let response = request.send().await.map_err(|error| error_chain(&error))?;
+        let status = response.status();
+        if status == reqwest::StatusCode::OK {
+            return Ok(());
+        }
+        let body = response.text().await.unwrap_or_default();
+        let failed: Vec<&str> = body.lines().filter(|line| line.starts_with("[-]")).collect();
+        let detail = if failed.is_empty() {
+            body.trim().chars().take(300).collect::<String>()
+        } else {
+            failed.join("; ")
+        };
+        Err(format!("HTTP {status}: {detail}"))
+    }
+
+    async fn component_status(
+        &self,
+        name: String,
+        cluster: Option<Cluster>,
+        process: Option<&ProcessRecord>,
+        url: String,
+        bearer: bool,
+    ) -> ComponentStatus {
+        let running = process.is_some_and(ProcessRecord::is_alive);
+        let ready = match process {
+            None => Err("stopped".to_owned()),
+            Some(process) if !running => Err(format!("process {} is not running", process.pid)),
+            Some(_) => self.probe(&url, bearer).await,
+        };
+        ComponentStatus {
+            name,
+            cluster,
+            url,
+            pid: process.map(|process| process.pid),
+            running,
+            ready,
+        }
+    }
+}
+
+/// Probes the environment recorded in `dir` without changing anything.
+pub async fn status(dir: &Path) -> Result<Status> {
+    Ok(Environment::attach(dir).await?.status().await)
+}
+
+/// Stops whatever environment `dir` holds, even one whose state file is missing or unreadable
+/// (leftover processes are found through their command lines), and removes `state.json`.
+pub async fn teardown(dir: &Path) -> Result<()> {
+    let dir = paths::absolute(dir.to_path_buf());
+    if !dir.is_dir() {
+        return Ok(());
+    }
+    let _lock = lock_dir(&dir).await?;
+    let state = State::load(&dir).ok().flatten();
+    stop_all(&dir, state.as_ref()).await
+}
+
+/// The admin kubeconfig of `cluster` in the environment at `dir`.
+pub fn kubeconfig_path(dir: &Path, cluster: Cluster) -> PathBuf {
+    kubeconfig::path(dir, cluster)
+}
+
+/// Stops the recorded processes (controller-manager, then apiservers, then etcd), sweeps
+/// leftovers, removes the state file.
+async fn stop_all(dir: &Path, state: Option<&State>) -> Result<()> {
+    let mut stopped = Vec::new();
+    if let Some(state) = state {
+        let processes = state.processes();
+        for group in ["kube-controller-manager", "kube-apiserver", "etcd"] {
+            try_join_all(
+                processes
+                    .iter()
+                    .filter(|(name, _)| name.starts_with(group))
+                    .map(|(name, process)| process.terminate(name, STOP_GRACE)),
+            )
+            .await?;
+        }
+        stopped.extend(processes.into_iter().map(|(_, process)| process));
+    }
+    let leftovers = process::sweep(dir, &EXECUTABLES).await?;
+    if !leftovers.is_empty() {
+        let pids: Vec<u32> = leftovers.iter().map(|process| process.pid).collect();
+        tracing::info!(?pids, "killed leftover processes");
+    }
+    stopped.extend(leftovers);
+    process::wait_reaped(&stopped, REAP_DEADLINE).await;
+    State::remove(dir)
+}
+
+/// Takes the state directory's exclusive lock, waiting for another holder if necessary.
+async fn lock_dir(dir: &Path) -> Result<Flock<File>> {
+    let path = dir.join(LOCK_FILE);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io_context(format!("opening {}", path.display())))?;
+    let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => return Ok(lock),
+        Err((file, Errno::EWOULDBLOCK)) => file,
+        Err((_, source)) => return Err(Error::Lock { path, source }),
+    };
+    tracing::info!(lock = %path.display(), "another harness holds the environment lock; waiting");
+    let lock_path = path.clone();
+    tokio::task::spawn_blocking(move || {
+        Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, source)| Error::Lock {
+            path: lock_path,
+            source,
+        })
+    })
+    .await
+    .map_err(|join| io_context(format!("waiting for {}", path.display()))(std::io::Error::other(join)))?
+}
+
+/// Empties the state directory except for its lock file.
+fn wipe_except_lock(dir: &Path) -> Result<()> {
+    let entries = std::fs::read_dir(dir).map_err(io_context(format!("listing {}", dir.display())))?;
+    for entry in entries {
+        let entry = entry.map_err(io_context(format!("listing {}", dir.display())))?;
+        if entry.file_name() == LOCK_FILE {
+            continue;
+        }
+        let path = entry.path();
+        let removed = if path.is_dir() && !path.is_symlink() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        removed.map_err(io_context(format!("removing {}", path.display())))?;
+    }
+    Ok(())
+}
+
+fn logs_dir(dir: &Path) -> PathBuf {
+    dir.join("logs")
+}
+
+/// Writes a file readable only by its owner (kubeconfigs hold tokens).
+fn write_private(path: &Path, contents: &str) -> Result<()> {
+    let mut file = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_context(format!("opening {}", path.display())))?;
+    file.write_all(contents.as_bytes())
+        .map_err(io_context(format!("writing {}", path.display())))
+}
+
+/// `--name=value` as an OS string (values may be paths).
+fn flag(name: &str, value: impl AsRef<OsStr>) -> OsString {
+    let mut flag = OsString::from(name);
+    flag.push("=");
+    flag.push(value);
+    flag
+}
+
+/// Whether connecting to `127.0.0.1:port` is refused (nothing listens there).
+async fn port_refuses(port: u16) -> bool {
+    let connect = tokio::net::TcpStream::connect(("127.0.0.1", port));
+    match tokio::time::timeout(PROBE_TIMEOUT, connect).await {
+        Ok(Ok(_stream)) => false,
+        Ok(Err(error)) => error.kind() == std::io::ErrorKind::ConnectionRefused,
+        Err(_elapsed) => false,
+    }
+}
+
+async fn wait_port_refuses(port: u16, what: &str) -> Result<()> {
+    wait::until(PORT_RELEASE, what, || async move {
+        Ok::<_, Error>(port_refuses(port).await.then_some(()))
+    })
+    .await
+}
+
+/// An error and its sources, joined with ": ".
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,73 @@
+//! The kubeconfig files the environment writes: one per cluster for the admin user, plus one
+//! for the hub's kube-controller-manager.
+
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+
+use crate::cluster::Cluster;
+
+/// The directory holding the kubeconfigs inside a state directory.
+pub(crate) fn dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("kubeconfigs")
+}
+
+/// `<state>/kubeconfigs/<cluster>.kubeconfig`: the admin kubeconfig of a cluster.
+pub fn path(state_dir: &Path, cluster: Cluster) -> PathBuf {
+    dir(state_dir).join(format!("{}.kubeconfig", cluster.name()))
+}
+
+/// The kubeconfig kube-controller-manager uses to talk to the hub.
+pub(crate) fn controller_manager_path(state_dir: &Path) -> PathBuf {
+    dir(state_dir).join("hub-controller-manager.kubeconfig")
+}
+
+/// Renders a token-authenticated kubeconfig with the CA embedded. The context is named after the
+/// cluster, so that the three files can be merged through `KUBECONFIG=a:b:c`.
+pub(crate) fn render(cluster: Cluster, server: &str, ca_pem: &[u8], user: &str, token: &str) -> String {
+    let name = cluster.name();
+    let ca = STANDARD.encode(ca_pem);
+    format!(
+        "apiVersion: v1\n\
+         kind: Config\n\
+         clusters:\n\
+         - name: {name}\n\
+         \x20 cluster:\n\
+         \x20   server: {server}\n\
+         \x20   certificate-authority-data: {ca}\n\
+         users:\n\
+         - name: {name}-{user}\n\
+         \x20 user:\n\
+         \x20   token: {token}\n\
+         contexts:\n\
+         - name: {name}\n\
+         \x20 context:\n\
+         \x20   cluster: {name}\n\
+         \x20   user: {name}-{user}\n\
+         current-context: {name}\n"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendered_kubeconfig_parses() -> anyhow::Result<()> {
+        let text = render(Cluster::CellA, "https://127.0.0.1:16444", b"PEM", "admin", "t0k3n");
+        let parsed = kube::config::Kubeconfig::from_yaml(&text)?;
+        assert_eq!(parsed.current_context.as_deref(), Some("cell-a"));
+        let cluster = parsed.clusters.first().and_then(|c| c.cluster.as_ref());
+        assert_eq!(
+            cluster.and_then(|c| c.server.as_deref()),
+            Some("https://127.0.0.1:16444")
+        );
+        assert_eq!(
+            cluster.and_then(|c| c.certificate_authority_data.as_deref()),
+            Some("UEVN")
+        );
+        assert_eq!(parsed.auth_infos.first().map(|a| a.name.as_str()), Some("cell-a-admin"));
+        Ok(())
+    }
+}

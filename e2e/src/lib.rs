@@ -1,0 +1,38 @@
+//! The end-to-end harness: a local, real control plane (one etcd, three kube-apiservers named
+//! `hub`, `cell-a` and `cell-b`, and a kube-controller-manager for the hub) built from pinned
+//! upstream sources, plus helpers to run the `replicator` binary against it.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), replicator_e2e::Error> {
+//! use replicator_e2e::{CELL_A, Environment, ReplicatorProcess, ReplicatorSpec};
+//!
+//! let env = Environment::ensure_up().await?;
+//! let cell = env.client(CELL_A).await?;
+//! let mut replicator = ReplicatorProcess::spawn(&env, ReplicatorSpec::new(CELL_A)).await?;
+//! replicator.wait_ready(std::time::Duration::from_secs(30)).await?;
+//! # drop(cell);
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod binaries;
+pub mod cluster;
+mod command;
+pub mod controlplane;
+mod crds;
+pub mod error;
+pub mod kubeconfig;
+pub mod metrics;
+pub mod paths;
+pub mod pki;
+pub mod ports;
+pub mod process;
+pub mod replicator_process;
+mod state;
+pub mod wait;
+
+pub use cluster::{CELL_A, CELL_B, Cluster, HUB};
+pub use controlplane::{ComponentStatus, Environment, Status};
+pub use error::{Error, Result};
+pub use metrics::metric_value;
+pub use replicator_process::{ReplicatorProcess, ReplicatorSpec};

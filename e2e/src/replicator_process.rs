@@ -1,0 +1,361 @@
+//! Running the product binary, `replicator`, against the environment.
+
+use std::ffi::OsString;
+use std::fs::OpenOptions;
+use std::io::Write as _;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
+use crate::cluster::Cluster;
+use crate::controlplane::Environment;
+use crate::error::{Error, Result, io_context};
+use crate::metrics::metric_value;
+use crate::paths;
+use crate::process::log_tail;
+use crate::wait::{self, Check};
+
+/// How long a replicator gets to exit after SIGKILL.
+const AFTER_KILL: Duration = Duration::from_secs(10);
+/// The timeout of one HTTP request to the replicator.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many log lines an error about the replicator quotes.
+const LOG_TAIL_LINES: usize = 40;
+
+/// What to run: which cell, which location name, and any extra arguments or environment.
+#[derive(Debug, Clone)]
+pub struct ReplicatorSpec {
+    cell: Cluster,
+    location: String,
+    binary: Option<PathBuf>,
+    args: Vec<OsString>,
+    envs: Vec<(OsString, OsString)>,
+}
+
+impl ReplicatorSpec {
+    /// A replicator for `cell`, whose `--location` is the cell's name.
+    pub fn new(cell: Cluster) -> ReplicatorSpec {
+        ReplicatorSpec {
+            cell,
+            location: cell.name().to_owned(),
+            binary: None,
+            args: Vec::new(),
+            envs: Vec::new(),
+        }
+    }
+
+    /// Overrides `--location`.
+    #[must_use]
+    pub fn location(mut self, location: impl Into<String>) -> ReplicatorSpec {
+        self.location = location.into();
+        self
+    }
+
+    /// Runs this binary instead of [`ReplicatorProcess::binary_path`] (for example a fake).
+    #[must_use]
+    pub fn binary(mut self, path: impl Into<PathBuf>) -> ReplicatorSpec {
+        self.binary = Some(path.into());
+        self
+    }
+
+    /// Appends one extra argument after the standard ones.
+    #[must_use]
+    pub fn arg(mut self, arg: impl Into<OsString>) -> ReplicatorSpec {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Appends extra arguments after the standard ones.
+    #[must_use]
+    pub fn args<I, S>(mut self, args: I) -> ReplicatorSpec
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Sets an environment variable for the process (for example `RUST_LOG`).
+    #[must_use]
+    pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> ReplicatorSpec {
+        self.envs.push((key.into(), value.into()));
+        self
+    }
+}
+
+/// A running `replicator` process. Dropping it kills the process (SIGKILL).
+#[derive(Debug)]
+pub struct ReplicatorProcess {
+    child: Child,
+    pid: u32,
+    location: String,
+    metrics_addr: SocketAddr,
+    health_addr: SocketAddr,
+    log: PathBuf,
+    http: reqwest::Client,
+}
+
+impl ReplicatorProcess {
+    /// The binary that is run: `$REPLICATOR_BIN`, else `<target dir>/debug/replicator`.
+    pub fn binary_path() -> PathBuf {
+        paths::non_empty_var("REPLICATOR_BIN")
+            .map(|bin| paths::absolute(PathBuf::from(bin)))
+            .unwrap_or_else(|| paths::target_dir().join("debug").join("replicator"))
+    }
+
+    /// Starts `replicator run --location <loc> --cell-kubeconfig <cell> --hub-kubeconfig <hub>
+    /// --metrics-bind-address 127.0.0.1:<free> --health-probe-bind-address 127.0.0.1:<free>
+    /// [extra args]`, logging to `logs/replicator-<location>-<n>.log`.
+    pub async fn spawn(env: &Environment, spec: ReplicatorSpec) -> Result<ReplicatorProcess> {
+        let binary = spec.binary.clone().unwrap_or_else(ReplicatorProcess::binary_path);
+        if !binary.is_file() {
+            return Err(Error::ReplicatorBinaryMissing(binary));
+        }
+        let metrics_addr = free_loopback_addr()?;
+        let health_addr = free_loopback_addr()?;
+        let mut args: Vec<OsString> = vec![
+            "run".into(),
+            "--location".into(),
+            spec.location.clone().into(),
+            "--cell-kubeconfig".into(),
+            env.kubeconfig_path(spec.cell).into(),
+            "--hub-kubeconfig".into(),
+            env.kubeconfig_path(Cluster::Hub).into(),
+            "--metrics-bind-address".into(),
+            metrics_addr.to_string().into(),
+            "--health-probe-bind-address".into(),
+            health_addr.to_string().into(),
+        ];
+        args.extend(spec.args.iter().cloned());
+        let (log, mut out) = create_log(&env.logs_dir(), &spec.location)?;
+        writeln!(
+            out,
+            "=== replicator-e2e: {} {}",
+            binary.display(),
+            args.iter()
+                .map(|arg| arg.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" ")
+        )
+        .map_err(io_context(format!("writing {}", log.display())))?;
+        let err = out
+            .try_clone()
+            .map_err(io_context(format!("duplicating the handle of {}", log.display())))?;
+        let child = Command::new(&binary)
+            .args(&args)
+            .envs(spec.envs.iter().map(|(key, value)| (key, value)))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(io_context(format!("starting {}", binary.display())))?;
+        let pid = child
+            .id()
+            .ok_or_else(|| Error::Config("the replicator exited before its pid was read".into()))?;
+        let http = reqwest::Client::builder().no_proxy().timeout(REQUEST_TIMEOUT).build()?;
+        tracing::info!(pid, location = spec.location, log = %log.display(), "started replicator");
+        Ok(ReplicatorProcess {
+            child,
+            pid,
+            location: spec.location,
+            metrics_addr,
+            health_addr,
+            log,
+            http,
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The `--location` it runs with.
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    /// Its log file.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// The last `lines` lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        log_tail(&self.log, lines)
+    }
+
+    /// `http://127.0.0.1:<port>/metrics`.
+    pub fn metrics_url(&self) -> String {
+        format!("http://{}/metrics", self.metrics_addr)
+    }
+
+    /// `http://127.0.0.1:<port>` of the health-probe server (`/readyz`, `/healthz`).
+    pub fn health_url(&self) -> String {
+        format!("http://{}", self.health_addr)
+    }
+
+    /// GETs `/metrics` and returns the exposition text.
+    pub async fn scrape_metrics(&self) -> Result<String> {
+        let response = self.http.get(self.metrics_url()).send().await?;
+        Ok(response.error_for_status()?.text().await?)
+    }
+
+    /// Scrapes `/metrics` and returns one value (see [`metric_value`]).
+    pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> Result<Option<f64>> {
+        Ok(metric_value(&self.scrape_metrics().await?, name, labels))
+    }
+
+    /// Whether the process has exited (and how), without waiting.
+    pub fn try_exit_status(&mut self) -> Result<Option<ExitStatus>> {
+        self.child
+            .try_wait()
+            .map_err(io_context(format!("checking replicator pid {}", self.pid)))
+    }
+
+    /// Polls `/readyz` on the health port until it answers 200. Fails early, with the log tail,
+    /// if the process exits.
+    pub async fn wait_ready(&mut self, deadline: Duration) -> Result<()> {
+        let url = format!("{}/readyz", self.health_url());
+        let what = format!("replicator {} (pid {}) to answer {url}", self.location, self.pid);
+        let http = self.http.clone();
+        let child = &mut self.child;
+        let result = wait::until_observed(deadline, &what, || {
+            let exited = child.try_wait();
+            let request = http.get(&url).send();
+            async move {
+                match exited {
+                    Ok(Some(status)) => {
+                        return Ok(Check::Abort(format!("it exited with {status}")));
+                    }
+                    Ok(None) => {}
+                    Err(error) => return Err(io_context("checking the replicator")(error)),
+                }
+                let response = request.await?;
+                let status = response.status();
+                Ok(if status == reqwest::StatusCode::OK {
+                    Check::Ready(())
+                } else {
+                    let body = response.text().await.unwrap_or_default();
+                    Check::NotYet(format!("HTTP {status}: {}", body.trim()))
+                })
+            }
+        })
+        .await;
+        result.map_err(|reason| Error::NotReady {
+            component: format!("replicator {}", self.location),
+            reason: Box::new(reason),
+            log: self.log.clone(),
+            log_tail: log_tail(&self.log, LOG_TAIL_LINES),
+        })
+    }
+
+    /// SIGKILLs the process and waits for it to exit.
+    pub async fn kill(&mut self) -> Result<ExitStatus> {
+        if let Some(status) = self.try_exit_status()? {
+            return Ok(status);
+        }
+        self.child
+            .start_kill()
+            .map_err(io_context(format!("killing replicator pid {}", self.pid)))?;
+        self.wait_exit(AFTER_KILL).await
+    }
+
+    /// SIGTERMs the process and waits up to `grace` for it to exit; SIGKILLs it after that.
+    pub async fn terminate(&mut self, grace: Duration) -> Result<ExitStatus> {
+        if let Some(status) = self.try_exit_status()? {
+            return Ok(status);
+        }
+        let pid = i32::try_from(self.pid)
+            .map(Pid::from_raw)
+            .map_err(|_| Error::Config(format!("pid {} out of range", self.pid)))?;
+        match kill(pid, Signal::SIGTERM) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            Err(source) => {
+                return Err(Error::Signal {
+                    pid: self.pid,
+                    signal: Signal::SIGTERM,
+                    source,
+                });
+            }
+        }
+        match self.wait_exit(grace).await {
+            Ok(status) => Ok(status),
+            Err(Error::Timeout { .. }) => {
+                tracing::warn!(pid = self.pid, ?grace, "replicator ignored SIGTERM; killing it");
+                self.kill().await
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn wait_exit(&mut self, deadline: Duration) -> Result<ExitStatus> {
+        match tokio::time::timeout(deadline, self.child.wait()).await {
+            Ok(status) => status.map_err(io_context(format!("waiting for replicator pid {}", self.pid))),
+            Err(_elapsed) => Err(Error::Timeout {
+                what: format!("replicator pid {} to exit", self.pid),
+                waited: deadline,
+                last: "still running".to_owned(),
+            }),
+        }
+    }
+}
+
+impl Drop for ReplicatorProcess {
+    fn drop(&mut self) {
+        // `kill_on_drop` also does this; being explicit keeps the guarantee visible. An error
+        // here means the process is already gone.
+        let _ = self.child.start_kill();
+    }
+}
+
+/// A plain HTTP GET (no proxy, 5 s timeout), for probing a replicator's endpoints in ways
+/// [`ReplicatorProcess`] does not cover (for example expecting a 503). Returns the status code
+/// and the body.
+pub async fn http_get(url: &str) -> Result<(u16, String)> {
+    let client = reqwest::Client::builder().no_proxy().timeout(REQUEST_TIMEOUT).build()?;
+    let response = client.get(url).send().await?;
+    let status = response.status().as_u16();
+    Ok((status, response.text().await?))
+}
+
+/// A loopback address with a port that was free a moment ago.
+fn free_loopback_addr() -> Result<SocketAddr> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io_context("reserving a free loopback port"))?;
+    listener
+        .local_addr()
+        .map_err(io_context("reading a reserved loopback port"))
+}
+
+/// Creates `logs/replicator-<location>-<n>.log` with the first free `n`.
+fn create_log(dir: &Path, location: &str) -> Result<(PathBuf, std::fs::File)> {
+    std::fs::create_dir_all(dir).map_err(io_context(format!("creating {}", dir.display())))?;
+    let safe: String = location
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    for n in 0..u32::MAX {
+        let path = dir.join(format!("replicator-{safe}-{n}.log"));
+        match OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(file) => return Ok((path, file)),
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(error) => return Err(io_context(format!("creating {}", path.display()))(error)),
+        }
+    }
+    Err(Error::Config(format!(
+        "no free log file name for replicator {location}"
+    )))
+}

@@ -1,0 +1,142 @@
+//! `state.json`: what a running environment consists of (pids, ports, binaries, token).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::binaries::Binaries;
+use crate::cluster::Cluster;
+use crate::error::{Error, Result, io_context};
+use crate::ports::Ports;
+use crate::process::ProcessRecord;
+
+/// Bumped whenever the layout changes; a state file of another format is treated as stale.
+const FORMAT: u32 = 1;
+
+/// The contents of `state.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct State {
+    /// The layout version ([`FORMAT`]).
+    pub format: u32,
+    /// The ports the environment was started with.
+    pub ports: Ports,
+    /// The binaries it runs.
+    pub binaries: Binaries,
+    /// The admin bearer token (also in `pki/tokens.csv` and the kubeconfigs).
+    pub admin_token: String,
+    /// etcd, once started.
+    pub etcd: Option<ProcessRecord>,
+    /// One entry per cluster; `process` is `None` while the apiserver is stopped.
+    pub apiservers: Vec<ApiserverState>,
+    /// The hub's kube-controller-manager, once started.
+    pub controller_manager: Option<ProcessRecord>,
+    /// SHA-256 of the CRD files last installed, to reinstall them only when they change.
+    pub crds_digest: Option<String>,
+}
+
+/// One apiserver's entry in the state file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ApiserverState {
+    /// The cluster it serves.
+    pub cluster: Cluster,
+    /// Its secure port.
+    pub port: u16,
+    /// Its etcd prefix.
+    pub etcd_prefix: String,
+    /// The running process, `None` while stopped.
+    pub process: Option<ProcessRecord>,
+}
+
+impl State {
+    /// A state for an environment that is about to start (nothing running yet).
+    pub fn new(ports: Ports, binaries: Binaries, admin_token: String) -> State {
+        State {
+            format: FORMAT,
+            ports,
+            binaries,
+            admin_token,
+            etcd: None,
+            apiservers: Cluster::ALL
+                .into_iter()
+                .map(|cluster| ApiserverState {
+                    cluster,
+                    port: ports.apiserver(cluster),
+                    etcd_prefix: cluster.etcd_prefix().to_owned(),
+                    process: None,
+                })
+                .collect(),
+            controller_manager: None,
+            crds_digest: None,
+        }
+    }
+
+    /// The state file of a state directory.
+    pub fn path(dir: &Path) -> PathBuf {
+        dir.join("state.json")
+    }
+
+    /// Reads the state file; `Ok(None)` if there is none or it has another format.
+    pub fn load(dir: &Path) -> Result<Option<State>> {
+        let path = State::path(dir);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => return Err(io_context(format!("reading {}", path.display()))(error)),
+        };
+        let state: State = serde_json::from_str(&text).map_err(|source| Error::State { path, source })?;
+        Ok((state.format == FORMAT).then_some(state))
+    }
+
+    /// Writes the state file atomically (write to a temporary file, then rename).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let path = State::path(dir);
+        let text = serde_json::to_string_pretty(self).map_err(|source| Error::State {
+            path: path.clone(),
+            source,
+        })?;
+        let temporary = dir.join("state.json.tmp");
+        std::fs::write(&temporary, text + "\n").map_err(io_context(format!("writing {}", temporary.display())))?;
+        std::fs::rename(&temporary, &path)
+            .map_err(io_context(format!("renaming {} to state.json", temporary.display())))
+    }
+
+    /// Deletes the state file (if any).
+    pub fn remove(dir: &Path) -> Result<()> {
+        let path = State::path(dir);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(error) => Err(io_context(format!("removing {}", path.display()))(error)),
+        }
+    }
+
+    /// The state of a cluster's apiserver.
+    pub fn apiserver(&self, cluster: Cluster) -> Option<&ApiserverState> {
+        self.apiservers.iter().find(|entry| entry.cluster == cluster)
+    }
+
+    /// Records the process serving a cluster (`None` once stopped).
+    pub fn set_apiserver_process(&mut self, cluster: Cluster, process: Option<ProcessRecord>) {
+        if let Some(entry) = self.apiservers.iter_mut().find(|e| e.cluster == cluster) {
+            entry.process = process;
+        }
+    }
+
+    /// Every recorded process with a human-readable name, in shutdown order
+    /// (controller-manager, apiservers, etcd).
+    pub fn processes(&self) -> Vec<(String, ProcessRecord)> {
+        let mut all = Vec::new();
+        if let Some(kcm) = &self.controller_manager {
+            all.push(("kube-controller-manager".to_owned(), kcm.clone()));
+        }
+        for entry in &self.apiservers {
+            if let Some(process) = &entry.process {
+                all.push((format!("kube-apiserver {}", entry.cluster), process.clone()));
+            }
+        }
+        if let Some(etcd) = &self.etcd {
+            all.push(("etcd".to_owned(), etcd.clone()));
+        }
+        all
+    }
+}
