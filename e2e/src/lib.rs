@@ -21,6 +21,7 @@ mod command;
 pub mod controlplane;
 mod crds;
 pub mod error;
+pub mod fixtures;
 pub mod kubeconfig;
 pub mod metrics;
 pub mod paths;

@@ -33,6 +33,7 @@ pub struct ReplicatorSpec {
     cell: Cluster,
     location: String,
     binary: Option<PathBuf>,
+    hub_kubeconfig: Option<PathBuf>,
     args: Vec<OsString>,
     envs: Vec<(OsString, OsString)>,
 }
@@ -44,9 +45,17 @@ impl ReplicatorSpec {
             cell,
             location: cell.name().to_owned(),
             binary: None,
+            hub_kubeconfig: None,
             args: Vec::new(),
             envs: Vec::new(),
         }
+    }
+
+    /// Overrides `--hub-kubeconfig` (default: the environment's hub kubeconfig).
+    #[must_use]
+    pub fn hub_kubeconfig(mut self, path: impl Into<PathBuf>) -> ReplicatorSpec {
+        self.hub_kubeconfig = Some(path.into());
+        self
     }
 
     /// Overrides `--location`.
@@ -126,7 +135,10 @@ impl ReplicatorProcess {
             "--cell-kubeconfig".into(),
             env.kubeconfig_path(spec.cell).into(),
             "--hub-kubeconfig".into(),
-            env.kubeconfig_path(Cluster::Hub).into(),
+            spec.hub_kubeconfig
+                .clone()
+                .unwrap_or_else(|| env.kubeconfig_path(Cluster::Hub))
+                .into(),
             "--metrics-bind-address".into(),
             metrics_addr.to_string().into(),
             "--health-probe-bind-address".into(),

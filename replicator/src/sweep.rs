@@ -153,7 +153,12 @@ pub async fn run(sync: std::sync::Arc<CellSync>, metrics: Metrics, settings: Set
     }
     loop {
         let report = sweep_once(&sync, &metrics, settings).await;
-        metrics.sweep_runs.get_or_create(&LocationLabels { location: sync.settings.location.clone() }).inc();
+        metrics
+            .sweep_runs
+            .get_or_create(&LocationLabels {
+                location: sync.settings.location.clone(),
+            })
+            .inc();
         tracing::info!(
             examined = report.examined,
             deleted = report.deleted,

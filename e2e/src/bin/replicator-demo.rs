@@ -1,0 +1,259 @@
+//! The demo: brings up (or reuses) the local real control plane, starts one replicator per cell,
+//! writes sample input into both cells and prints what reached the hub, per location and kind.
+//!
+//! Run it with `e2e/demo` (which builds what is missing first).
+
+use std::{collections::BTreeMap, time::Duration};
+
+use kube::{Api, ResourceExt, api::DynamicObject};
+use replicator::copy::copy_name;
+use replicator_e2e::{
+    CELL_A, CELL_B, Cluster, Environment, HUB, ReplicatorProcess, ReplicatorSpec,
+    fixtures::{self, CONVERGE},
+};
+use serde_json::json;
+
+const NAMESPACE: &str = "demo";
+const RULES: [&str; 5] = [
+    "networks",
+    "networkcontexts",
+    "subnets",
+    "networkinterfaces",
+    "endpointslices",
+];
+
+fn long_name() -> String {
+    let stem = "galactic-pod-with-a-very-long-generated-name-";
+    let mut name = stem.repeat(6);
+    name.truncate(236);
+    format!("{name}-x9z")
+}
+
+/// Writes the sample input into `cell` for `location`, returning the names written per rule.
+async fn sample_input(
+    env: &Environment,
+    cell: Cluster,
+    location: &str,
+) -> anyhow::Result<BTreeMap<&'static str, Vec<String>>> {
+    let client = env.client(cell).await?;
+    let mut written: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
+    let mut put = |rule: &'static str, name: String| written.entry(rule).or_default().push(name);
+
+    let ns = NAMESPACE;
+    fixtures::apply(
+        &client,
+        &fixtures::resource("networks")?,
+        &fixtures::network(ns, "default"),
+    )
+    .await?;
+    put("networks", "default".into());
+    let ctx = format!("default-{location}");
+    fixtures::apply(
+        &client,
+        &fixtures::resource("networkcontexts")?,
+        &fixtures::network_context(ns, &ctx, "default", location),
+    )
+    .await?;
+    put("networkcontexts", ctx.clone());
+    let subnet = format!("{ctx}-1");
+    fixtures::apply(
+        &client,
+        &fixtures::resource("subnets")?,
+        &fixtures::subnet(ns, &subnet, "default", &ctx, location),
+    )
+    .await?;
+    put("subnets", subnet);
+    let ni = fixtures::resource("networkinterfaces")?;
+    for i in 0..2 {
+        let name = format!("web-{i}-eth0");
+        fixtures::apply(
+            &client,
+            &ni,
+            &fixtures::network_interface(ns, &name, "default", &format!("web-{i}"), "web", location),
+        )
+        .await?;
+        fixtures::set_status(&client, &ni, ns, &name, fixtures::bound_status(true)).await?;
+        put("networkinterfaces", name);
+    }
+    let es = fixtures::resource("endpointslices")?;
+    let sid = format!("fc00:0:{}:e000::", if location == "dfw" { 1 } else { 2 });
+    let pod = format!("web-0-{location}");
+    fixtures::apply(
+        &client,
+        &es,
+        &fixtures::galactic_slice(
+            ns,
+            &pod,
+            json!([fixtures::pod_endpoint("fd20:0:0:1::10", &pod)]),
+            Some(&sid),
+        ),
+    )
+    .await?;
+    put("endpointslices", pod);
+    let long = long_name();
+    fixtures::apply(
+        &client,
+        &es,
+        &fixtures::galactic_slice(
+            ns,
+            &long,
+            json!([fixtures::pod_endpoint("fd20:0:0:1::11", "long")]),
+            Some(&sid),
+        ),
+    )
+    .await?;
+    put("endpointslices", long);
+    fixtures::apply(
+        &client,
+        &es,
+        &fixtures::galactic_slice(ns, "empty-pod", json!([]), None),
+    )
+    .await?;
+    put("endpointslices", "empty-pod".into());
+    Ok(written)
+}
+
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    println!("== bringing up the local control plane (etcd, kube-apiservers hub, cell-a, cell-b)");
+    let env = Environment::ensure_up().await?;
+    println!(
+        "   {} in {:.1}s",
+        if env.reused() { "reused" } else { "started" },
+        started.elapsed().as_secs_f64()
+    );
+    fixtures::routed_namespace(&env, NAMESPACE).await?;
+
+    let cells = [(CELL_A, "dfw"), (CELL_B, "sjc")];
+    let mut replicators = Vec::new();
+    for (cell, location) in cells {
+        println!("== starting replicator for {} (location {location})", cell.name());
+        let mut r = ReplicatorProcess::spawn(&env, ReplicatorSpec::new(cell).location(location)).await?;
+        r.wait_ready(Duration::from_secs(60)).await?;
+        replicators.push(r);
+    }
+
+    println!("== writing sample input into both cells");
+    let mut written = Vec::new();
+    for (cell, location) in cells {
+        written.push((cell, location, sample_input(&env, cell, location).await?));
+    }
+
+    let hub = env.client(HUB).await?;
+    println!("== waiting for the hub to converge");
+    for (_, location, by_rule) in &written {
+        for (rule, names) in by_rule {
+            let resource = fixtures::resource(rule)?;
+            for name in names.iter().filter(|n| n.as_str() != "empty-pod") {
+                fixtures::wait_for(
+                    &hub,
+                    &resource,
+                    NAMESPACE,
+                    &copy_name(NAMESPACE, name, location),
+                    CONVERGE,
+                    "copy",
+                    |_| true,
+                )
+                .await?;
+            }
+        }
+    }
+
+    println!("\nWhat reached the hub (namespace {NAMESPACE}):\n");
+    println!("| location | kind | sources in cell | copies on hub | copies |");
+    println!("|---|---|---|---|---|");
+    for (cell, location, by_rule) in &written {
+        let _ = cell;
+        for rule in RULES {
+            let resource = fixtures::resource(rule)?;
+            let api = Api::<DynamicObject>::namespaced_with(hub.clone(), NAMESPACE, &resource);
+            let copies = api
+                .list(
+                    &kube::api::ListParams::default().labels(&format!("replicator.datumapis.com/location={location}")),
+                )
+                .await?;
+            let names: Vec<String> = copies
+                .items
+                .iter()
+                .map(|c| {
+                    let n = c.name_any();
+                    if n.len() > 60 {
+                        format!("{}…{} ({} chars)", &n[..24], &n[n.len() - 28..], n.len())
+                    } else {
+                        n
+                    }
+                })
+                .collect();
+            let sources = by_rule.get(rule).map_or(0, Vec::len);
+            println!(
+                "| {location} | {} | {sources} | {} | {} |",
+                resource.kind,
+                copies.items.len(),
+                names.join(", ")
+            );
+        }
+    }
+    println!("\n(empty-pod has zero endpoints: held, neither published nor withdrawn.)");
+    let es = fixtures::resource("endpointslices")?;
+    if let Some(copy) = fixtures::get(&hub, &es, NAMESPACE, &copy_name(NAMESPACE, "web-0-dfw", "dfw")).await? {
+        println!(
+            "SRv6 SID on web-0-dfw-dfw: {:?}",
+            copy.annotations().get(fixtures::SRV6_SID_ANNOTATION)
+        );
+    }
+
+    println!("\nReplicators:");
+    for r in &replicators {
+        let (rss, hwm) = rss_kib(r.pid());
+        let text = r.scrape_metrics().await.unwrap_or_default();
+        let writes: f64 = ["create", "update"]
+            .iter()
+            .map(|op| {
+                RULES
+                    .iter()
+                    .filter_map(|rule| fixtures::kind(rule).ok())
+                    .filter_map(|k| {
+                        replicator_e2e::metric_value(
+                            &text,
+                            "replicator_writes_total",
+                            &[("kind", &k.kind), ("location", r.location()), ("op", op)],
+                        )
+                    })
+                    .sum::<f64>()
+            })
+            .sum();
+        println!(
+            "  {}: pid {}, RSS {} KiB (peak {} KiB), {writes} hub writes, metrics {}",
+            r.location(),
+            r.pid(),
+            rss,
+            hwm,
+            r.metrics_url()
+        );
+    }
+    println!("\nLook for yourself:");
+    println!(
+        "  kubectl --kubeconfig {} get networkinterfaces,endpointslices -n {NAMESPACE} -L replicator.datumapis.com/location",
+        env.kubeconfig_path(HUB).display()
+    );
+    println!("Stop the environment: cargo run -p replicator-e2e --bin replicator-env -- down");
+    for mut r in replicators {
+        r.terminate(Duration::from_secs(10)).await?;
+    }
+    println!("demo done in {:.1}s", started.elapsed().as_secs_f64());
+    Ok(())
+}
