@@ -273,8 +273,18 @@ pub fn in_sync(desired: &Desired, copy: &DynamicObject) -> bool {
     let Ok(actual) = serde_json::to_value(copy) else {
         return false;
     };
-    let object_ok = contains(&actual, &desired.object);
-    let status_ok = desired.status.as_ref().is_none_or(|s| contains(&actual, s));
+    // Items of a LIST of built-in kinds carry no apiVersion/kind; identity is the cache's.
+    let owned = |body: &Value| match body {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .filter(|(k, _)| k.as_str() != "apiVersion" && k.as_str() != "kind")
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+        other => other.clone(),
+    };
+    let object_ok = contains(&actual, &owned(&desired.object));
+    let status_ok = desired.status.as_ref().is_none_or(|s| contains(&actual, &owned(s)));
     object_ok && status_ok
 }
 
@@ -630,6 +640,16 @@ mod tests {
         hub["spec"]["mtu"] = json!(1500);
         hub["status"] = d.status.as_ref().unwrap()["status"].clone();
         assert!(in_sync(&d, &obj(hub.clone())));
+
+        let mut listed = hub.clone();
+        listed.as_object_mut().unwrap().remove("apiVersion");
+        listed.as_object_mut().unwrap().remove("kind");
+        let mut listed = obj(listed);
+        listed.types = None;
+        assert!(
+            in_sync(&d, &listed),
+            "a LIST item without apiVersion/kind is still in sync"
+        );
 
         let mut edited = hub.clone();
         edited["spec"]["network"]["name"] = json!("other");
