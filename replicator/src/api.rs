@@ -4,8 +4,8 @@
 //! these typed structs serve CRD generation (`replicator crds`), the code that reads fields, and
 //! tests. Shapes follow the Go system we replace (shared/reference/nso.md §2).
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::{CustomResource, CustomResourceExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -269,6 +269,127 @@ pub struct NetworkInterfaceStatus {
     pub conditions: Option<Vec<Condition>>,
 }
 
+/// Which NetworkInterfaces a NetworkService selects.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, KubeSchema, PartialEq)]
+#[x_kube(validation = Rule::new(
+    "(has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0) || (has(self.selector.matchExpressions) && size(self.selector.matchExpressions) > 0)"
+).message("selector must set matchLabels or matchExpressions: an empty selector would select every interface"))]
+pub struct NetworkInterfaceSelection {
+    /// Label selector over NetworkInterface copies in the service's namespace; never empty.
+    pub selector: LabelSelector,
+}
+
+/// Transport protocol of a service port. Single-valued today; later values are additive.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum Protocol {
+    /// TCP, the default.
+    #[default]
+    TCP,
+}
+
+/// One port of a NetworkService.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub struct ServicePort {
+    /// Port name, a DNS label of at most 15 characters; unique within the service.
+    #[schemars(length(min = 1, max = 15), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+    /// Port number (1–65535); unique within the service.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// Protocol, `TCP` by default.
+    #[serde(default)]
+    pub protocol: Protocol,
+}
+
+/// How traffic is spread over a service's locations. Single-valued today; additive later.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum TrafficStrategy {
+    /// Each edge serves from the nearest serving location.
+    #[default]
+    Nearest,
+}
+
+/// Traffic distribution of a NetworkService.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub struct TrafficDistribution {
+    /// The strategy, `Nearest` by default.
+    #[serde(default)]
+    pub strategy: TrafficStrategy,
+}
+
+/// A NetworkService: a named set of endpoints spanning every location its members run in
+/// (DESIGN §6, seed 000). Members are Bound NetworkInterface copies on the hub matching the
+/// selector; `replicator membership` writes the status and the EndpointSlices.
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, KubeSchema, PartialEq)]
+#[kube(
+    group = "networking.datumapis.com",
+    version = "v1alpha",
+    kind = "NetworkService",
+    plural = "networkservices",
+    namespaced,
+    status = "NetworkServiceStatus",
+    printcolumn = r#"{"name":"Locations","type":"integer","jsonPath":".status.summary.locations"}"#,
+    printcolumn = r#"{"name":"Members","type":"integer","jsonPath":".status.summary.members"}"#,
+    printcolumn = r#"{"name":"Healthy","type":"integer","jsonPath":".status.summary.healthy"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.ports.all(p, self.ports.exists_one(q, q.name == p.name))").message("port names must be unique"))]
+#[x_kube(validation = Rule::new("self.ports.all(p, self.ports.exists_one(q, q.port == p.port))").message("port numbers must be unique"))]
+pub struct NetworkServiceSpec {
+    /// The interfaces that are members.
+    pub network_interfaces: NetworkInterfaceSelection,
+    /// The service's ports (1–16).
+    #[schemars(length(min = 1, max = 16))]
+    pub ports: Vec<ServicePort>,
+    /// Traffic distribution; `Nearest` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic_distribution: Option<TrafficDistribution>,
+}
+
+/// Member counts of a service.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub struct ServiceSummary {
+    /// Distinct locations with members (all of them, even past the 64 listed).
+    pub locations: i32,
+    /// Members, located or not.
+    pub members: i32,
+    /// Located members whose holder reports `HolderAvailable` True.
+    pub healthy: i32,
+}
+
+/// Member counts of one location.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub struct LocationStatus {
+    /// The location (`networking.datumapis.com/location` of the members).
+    pub name: String,
+    /// Members in the location.
+    pub members: i32,
+    /// Healthy members in the location.
+    pub healthy: i32,
+    /// Whether the location serves: `healthy > 0`.
+    pub serving: bool,
+}
+
+/// Observed state of a NetworkService.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkServiceStatus {
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Counts over all members.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<ServiceSummary>,
+    /// Per-location counts, sorted by name, at most 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub locations: Option<Vec<LocationStatus>>,
+    /// `MembersResolved` and `Ready`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<Condition>>,
+}
+
 /// Every CRD the project defines, in a stable order (the order of `config/crds/`).
 pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
     vec![
@@ -276,6 +397,7 @@ pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensi
         NetworkContext::crd(),
         Subnet::crd(),
         NetworkInterface::crd(),
+        NetworkService::crd(),
     ]
 }
 

@@ -29,6 +29,8 @@ pub struct Cli {
 pub enum Command {
     /// Mirror one cell onto the hub (one deployment per cell).
     Run(RunArgs),
+    /// Resolve NetworkService membership on the hub: status and EndpointSlices (run once).
+    Membership(crate::membership::MembershipArgs),
     /// Print the project's CRDs as YAML (the content of config/crds/).
     Crds,
 }
@@ -218,7 +220,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     result
 }
 
-fn spawn_signal_handler(cancel: CancellationToken) {
+/// Cancels `cancel` on SIGTERM or SIGINT.
+pub fn spawn_signal_handler(cancel: CancellationToken) {
     tokio::spawn(async move {
         let terminate = async {
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {

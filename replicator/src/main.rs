@@ -10,6 +10,12 @@ async fn main() -> anyhow::Result<()> {
             print!("{}", replicator::api::crds_yaml()?);
             Ok(())
         }
+        Command::Membership(args) => {
+            cli::init_tracing(args.log_format);
+            replicator::membership::run(args)
+                .await
+                .inspect_err(|err| tracing::error!(error = format!("{err:#}"), "replicator membership failed"))
+        }
         Command::Run(args) => {
             cli::init_tracing(args.log_format);
             cli::run(args)

@@ -1,0 +1,599 @@
+//! `replicator membership`: NetworkService status and EndpointSlices on the hub (DESIGN §6).
+//!
+//! Reflectors on the hub cache NetworkInterface copies, NetworkServices, the slices this
+//! controller owns and namespaces; they only queue service keys. An interface change queues only
+//! the services whose selector reaches it, before or after the change; a service, slice or
+//! namespace change queues the services concerned. A worker resolves one service with the pure
+//! [`rollup`] and [`endpoints`] transforms, writes the status only when it changed, applies the
+//! slices whose content differs and deletes shards no longer wanted. Events mark condition
+//! transitions; per-service gauges count members and healthy members.
+
+pub mod endpoints;
+pub mod rollup;
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use futures::StreamExt;
+use k8s_openapi::{api::core::v1::Namespace, api::discovery::v1::EndpointSlice, jiff::Timestamp};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{DeleteParams, DynamicObject, Patch, PatchParams},
+    core::{Selector, SelectorExt},
+    runtime::{
+        WatchStreamExt,
+        events::{Event as KubeEvent, EventType, Recorder, Reporter},
+        reflector::{ObjectRef, Store, store::Writer},
+        watcher::{self, Event},
+    },
+};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    api::{NetworkInterface, NetworkService, NetworkServiceStatus},
+    cli::LogFormat,
+    cluster, copy,
+    health::Health,
+    http,
+    queue::WorkQueue,
+    routing,
+    sync::{ErrorClass, classify},
+};
+
+/// Field manager of the status and slices this controller writes.
+pub const FIELD_MANAGER: &str = "replicator-membership";
+
+/// Flags of `replicator membership`.
+#[derive(Debug, clap::Args)]
+pub struct MembershipArgs {
+    /// Kubeconfig of the hub (required); waited for while missing or empty.
+    #[arg(long, env = "REPLICATOR_HUB_KUBECONFIG")]
+    pub hub_kubeconfig: PathBuf,
+    /// Address serving /metrics.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_bind_address: SocketAddr,
+    /// Address serving /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    pub health_probe_bind_address: SocketAddr,
+    /// Concurrent service workers.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text", env = "REPLICATOR_LOG_FORMAT")]
+    pub log_format: LogFormat,
+}
+
+/// Labels of per-service gauges (the issue asks for them per service; bounded by services).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServiceLabels {
+    /// Namespace of the service.
+    pub namespace: String,
+    /// Name of the service.
+    pub service: String,
+}
+
+/// Labels of membership errors.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabels {
+    /// The error class.
+    pub class: &'static str,
+}
+
+/// Metrics of `replicator membership`.
+#[derive(Clone)]
+pub struct Metrics {
+    /// `replicator_membership_members`: members of a service.
+    pub members: Family<ServiceLabels, Gauge>,
+    /// `replicator_membership_healthy`: healthy members of a service.
+    pub healthy: Family<ServiceLabels, Gauge>,
+    /// `replicator_membership_errors_total`: failed passes by class.
+    pub errors: Family<ClassLabels, Counter>,
+    /// `replicator_membership_status_writes_total`: status writes (unchanged status is skipped).
+    pub status_writes: Counter,
+}
+
+impl Metrics {
+    /// Registers the metrics under the `replicator_membership_` prefix.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            members: Family::default(),
+            healthy: Family::default(),
+            errors: Family::default(),
+            status_writes: Counter::default(),
+        };
+        let r = registry.sub_registry_with_prefix("replicator_membership");
+        r.register("members", "Members of a NetworkService", m.members.clone());
+        r.register("healthy", "Healthy members of a NetworkService", m.healthy.clone());
+        r.register("errors", "Failed service passes by class", m.errors.clone());
+        r.register("status_writes", "NetworkService status writes", m.status_writes.clone());
+        m
+    }
+}
+
+/// A service key: namespace and name.
+type Key = (String, String);
+
+/// The controller's caches and state.
+pub struct Controller {
+    hub: Client,
+    interfaces: Store<DynamicObject>,
+    services: Store<DynamicObject>,
+    slices: Store<EndpointSlice>,
+    namespaces: Store<Namespace>,
+    queue: Arc<WorkQueue<Key>>,
+    matched: Mutex<HashMap<Key, HashSet<String>>>,
+    attempts: Mutex<HashMap<Key, u32>>,
+    listed: tokio::sync::watch::Sender<u8>,
+    metrics: Metrics,
+    recorder: Recorder,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn interface_resource() -> kube::discovery::ApiResource {
+    kube::discovery::ApiResource::erase::<NetworkInterface>(&())
+}
+
+fn service_resource() -> kube::discovery::ApiResource {
+    kube::discovery::ApiResource::erase::<NetworkService>(&())
+}
+
+fn typed<K: serde::de::DeserializeOwned>(o: &DynamicObject) -> Option<K> {
+    serde_json::to_value(o)
+        .ok()
+        .and_then(|v| serde_json::from_value(v).ok())
+}
+
+fn selector_of(service: &NetworkService) -> Result<Selector, String> {
+    Selector::try_from(service.spec.network_interfaces.selector.clone()).map_err(|e| e.to_string())
+}
+
+/// Bitmask of the four reflectors that completed a full list.
+const ALL_LISTED: u8 = 0b1111;
+
+impl Controller {
+    fn key_of(o: &impl ResourceExt) -> Key {
+        (o.namespace().unwrap_or_default(), o.name_any())
+    }
+
+    fn mark_listed(&self, bit: u8) {
+        self.listed.send_modify(|v| *v |= bit);
+    }
+
+    /// Services in `namespace` whose selector matches `labels`.
+    fn services_matching(&self, namespace: &str, labels: &BTreeMap<String, String>) -> HashSet<String> {
+        self.services
+            .state_filter(|s| s.namespace().as_deref() == Some(namespace))
+            .iter()
+            .filter_map(|s| typed::<NetworkService>(s))
+            .filter(|s| selector_of(s).is_ok_and(|sel| sel.matches(labels)))
+            .map(|s| s.name_any())
+            .collect()
+    }
+
+    /// Queues the services an interface reaches now or reached before this change.
+    fn interface_changed(&self, ni: &DynamicObject, deleted: bool) {
+        let key = Self::key_of(ni);
+        let now = if deleted {
+            HashSet::new()
+        } else {
+            self.services_matching(&key.0, ni.labels())
+        };
+        let before = {
+            let mut matched = lock(&self.matched);
+            if deleted {
+                matched.remove(&key).unwrap_or_default()
+            } else {
+                matched.insert(key.clone(), now.clone()).unwrap_or_default()
+            }
+        };
+        for service in now.union(&before) {
+            self.queue.add((key.0.clone(), service.clone()));
+        }
+    }
+
+    async fn watch<K>(
+        self: Arc<Self>,
+        api: Api<K>,
+        config: watcher::Config,
+        mut writer: Writer<K>,
+        bit: u8,
+        on_event: impl Fn(&Self, &Event<K>) + Send + 'static,
+        cancel: CancellationToken,
+    ) where
+        K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+        K::DynamicType: Eq + std::hash::Hash + Clone,
+    {
+        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        loop {
+            let next = tokio::select! {
+                () = cancel.cancelled() => return,
+                next = stream.next() => next,
+            };
+            match next {
+                None => return,
+                Some(Err(err)) => tracing::warn!(error = %err, "hub watch failed; retrying with backoff"),
+                Some(Ok(event)) => {
+                    let event = event.modify(|o| o.managed_fields_mut().clear());
+                    writer.apply_watcher_event(&event);
+                    if matches!(event, Event::InitDone) {
+                        self.mark_listed(bit);
+                    }
+                    on_event(&self, &event);
+                }
+            }
+        }
+    }
+
+    async fn work(self: Arc<Self>) {
+        while let Some(key) = self.queue.next().await {
+            let mut rx = self.listed.subscribe();
+            let _ = rx.wait_for(|v| *v == ALL_LISTED).await;
+            let span = tracing::info_span!("membership", namespace = %key.0, service = %key.1);
+            let result = tracing::Instrument::instrument(self.reconcile(&key), span.clone()).await;
+            match result {
+                Ok(()) => {
+                    lock(&self.attempts).remove(&key);
+                }
+                Err(err) => {
+                    let class = classify(&err);
+                    self.metrics
+                        .errors
+                        .get_or_create(&ClassLabels {
+                            class: class.metric_label(),
+                        })
+                        .inc();
+                    let attempt = {
+                        let mut a = lock(&self.attempts);
+                        let n = a.entry(key.clone()).or_insert(0);
+                        *n = n.saturating_add(1);
+                        *n
+                    };
+                    let delay = class.retry_after(attempt).unwrap_or(Duration::from_secs(30));
+                    tracing::warn!(parent: &span, error = %err, class = class.metric_label(), retry_in = ?delay, "service pass failed");
+                    self.queue.add_after(key.clone(), delay);
+                }
+            }
+            self.queue.done(&key);
+        }
+    }
+
+    /// One pass over one service.
+    async fn reconcile(&self, key: &Key) -> Result<(), kube::Error> {
+        let (namespace, name) = key;
+        let labels = ServiceLabels {
+            namespace: namespace.clone(),
+            service: name.clone(),
+        };
+        let Some(raw) = self
+            .services
+            .get(&ObjectRef::new_with(name, service_resource()).within(namespace))
+        else {
+            self.metrics.members.remove(&labels);
+            self.metrics.healthy.remove(&labels);
+            return Ok(());
+        };
+        if raw.metadata.deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        let Some(service) = typed::<NetworkService>(&raw) else {
+            tracing::warn!("service does not match the NetworkService schema; skipped until it changes");
+            self.metrics
+                .errors
+                .get_or_create(&ClassLabels {
+                    class: ErrorClass::Invalid.metric_label(),
+                })
+                .inc();
+            return Ok(());
+        };
+        let interfaces: Vec<NetworkInterface> = self
+            .interfaces
+            .state_filter(|i| i.namespace().as_deref() == Some(namespace.as_str()))
+            .iter()
+            .filter_map(|i| typed::<NetworkInterface>(i))
+            .collect();
+        let resolution = rollup::resolve(selector_of(&service), &interfaces);
+        let previous = service.status.clone();
+        let status = rollup::status(
+            service.metadata.generation,
+            &resolution,
+            previous.as_ref(),
+            Timestamp::now(),
+        );
+
+        let members = resolution.members();
+        self.metrics.members.get_or_create(&labels).set(members.len() as i64);
+        self.metrics
+            .healthy
+            .get_or_create(&labels)
+            .set(members.iter().filter(|m| m.healthy && m.location.is_some()).count() as i64);
+
+        let routing_labels: BTreeMap<String, String> = self
+            .namespaces
+            .get(&ObjectRef::new(namespace))
+            .and_then(|ns| routing::resolve(namespace, Some(ns.labels())).ok())
+            .map(|r| {
+                r.labels()
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.apply_slices(&service, endpoints::desired(&service, members, &routing_labels))
+            .await?;
+
+        if previous.as_ref() != Some(&status) {
+            let api = Api::<NetworkService>::namespaced(self.hub.clone(), namespace);
+            let body = json!({
+                "apiVersion": format!("{}/{}", crate::api::GROUP, crate::api::VERSION),
+                "kind": "NetworkService",
+                "metadata": {"name": name, "namespace": namespace},
+                "status": status,
+            });
+            api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
+                .await?;
+            self.metrics.status_writes.inc();
+            self.publish_transitions(&service, previous.as_ref(), &status).await;
+        }
+        Ok(())
+    }
+
+    async fn apply_slices(&self, service: &NetworkService, desired: Vec<EndpointSlice>) -> Result<(), kube::Error> {
+        let namespace = service.namespace().unwrap_or_default();
+        let api = Api::<EndpointSlice>::namespaced(self.hub.clone(), &namespace);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let service_label = desired
+            .first()
+            .and_then(|s| s.metadata.labels.as_ref())
+            .and_then(|l| l.get(endpoints::NETWORK_SERVICE_LABEL))
+            .cloned()
+            .unwrap_or_default();
+        let existing: Vec<Arc<EndpointSlice>> = self.slices.state_filter(|s| {
+            s.namespace().as_deref() == Some(namespace.as_str())
+                && s.labels().get(endpoints::NETWORK_SERVICE_LABEL) == Some(&service_label)
+                && s.owner_references()
+                    .iter()
+                    .any(|o| Some(&o.uid) == service.metadata.uid.as_ref())
+        });
+        let wanted: HashSet<String> = desired.iter().filter_map(|s| s.metadata.name.clone()).collect();
+        for slice in desired {
+            let Some(name) = slice.metadata.name.clone() else {
+                continue;
+            };
+            let mut body = serde_json::to_value(&slice).map_err(kube::Error::SerdeError)?;
+            body["apiVersion"] = json!("discovery.k8s.io/v1");
+            body["kind"] = json!("EndpointSlice");
+            let current = existing
+                .iter()
+                .find(|s| s.metadata.name.as_deref() == Some(name.as_str()));
+            let in_sync = current
+                .and_then(|c| serde_json::to_value(c.as_ref()).ok())
+                .is_some_and(|c| copy::contains(&c, &without_types(&body)) && endpoints_equal(&c, &body));
+            if !in_sync {
+                api.patch(&name, &params, &Patch::Apply(&body)).await?;
+            }
+        }
+        for stale in existing.iter().filter(|s| !wanted.contains(&s.name_any())) {
+            match api.delete(&stale.name_any(), &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    async fn publish_transitions(
+        &self,
+        service: &NetworkService,
+        previous: Option<&NetworkServiceStatus>,
+        status: &NetworkServiceStatus,
+    ) {
+        let reference = service.object_ref(&());
+        for c in status.conditions.iter().flatten() {
+            let before = previous
+                .and_then(|p| p.conditions.as_ref())
+                .and_then(|cs| cs.iter().find(|p| p.type_ == c.type_));
+            if before.is_some_and(|b| b.status == c.status && b.reason == c.reason) {
+                continue;
+            }
+            let event = KubeEvent {
+                type_: if c.status == "True" {
+                    EventType::Normal
+                } else {
+                    EventType::Warning
+                },
+                reason: c.reason.clone(),
+                note: Some(
+                    format!("{} is {}: {}", c.type_, c.status, c.message)
+                        .chars()
+                        .take(1000)
+                        .collect(),
+                ),
+                action: "Resolve".into(),
+                secondary: None,
+            };
+            if let Err(err) = self.recorder.publish(&event, &reference).await {
+                tracing::debug!(error = %err, "failed to publish event");
+            }
+        }
+    }
+}
+
+fn without_types(body: &serde_json::Value) -> serde_json::Value {
+    let mut b = body.clone();
+    if let Some(map) = b.as_object_mut() {
+        map.remove("apiVersion");
+        map.remove("kind");
+    }
+    b
+}
+
+/// Endpoint lists must match exactly in length (the subset check already compares elements).
+fn endpoints_equal(current: &serde_json::Value, desired: &serde_json::Value) -> bool {
+    let len = |v: &serde_json::Value| v.get("endpoints").and_then(|e| e.as_array()).map_or(0, Vec::len);
+    len(current) == len(desired)
+}
+
+/// Runs `replicator membership` until SIGTERM or SIGINT.
+///
+/// # Errors
+/// An unbindable address.
+pub async fn run(args: MembershipArgs) -> anyhow::Result<()> {
+    let cancel = CancellationToken::new();
+    crate::cli::spawn_signal_handler(cancel.clone());
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let registry = Arc::new(registry);
+    let health = Health::default();
+    health.set(
+        "hub",
+        format!("waiting for hub kubeconfig {}", args.hub_kubeconfig.display()),
+    );
+    let mut servers = tokio::task::JoinSet::new();
+    servers.spawn(http::serve_metrics(args.metrics_bind_address, registry, cancel.clone()));
+    servers.spawn(http::serve_probes(
+        args.health_probe_bind_address,
+        health.clone(),
+        cancel.clone(),
+    ));
+
+    let hub = {
+        let health = health.clone();
+        cluster::wait_for_hub_client(&args.hub_kubeconfig, Duration::from_secs(2), &cancel, move |err| {
+            health.set("hub", err.to_string());
+        })
+        .await
+    };
+    let Some(hub) = hub else { return Ok(()) };
+    health.set("hub", "initial list pending");
+
+    let interfaces = Writer::new(interface_resource());
+    let services = Writer::new(service_resource());
+    let slices = Writer::<EndpointSlice>::default();
+    let namespaces = Writer::<Namespace>::default();
+    let controller = Arc::new(Controller {
+        interfaces: interfaces.as_reader(),
+        services: services.as_reader(),
+        slices: slices.as_reader(),
+        namespaces: namespaces.as_reader(),
+        queue: Arc::new(WorkQueue::new()),
+        matched: Mutex::default(),
+        attempts: Mutex::default(),
+        listed: tokio::sync::watch::Sender::new(0),
+        metrics,
+        recorder: Recorder::new(
+            hub.clone(),
+            Reporter {
+                controller: "replicator-membership".into(),
+                instance: None,
+            },
+        ),
+        hub: hub.clone(),
+    });
+
+    let mut tasks = tokio::task::JoinSet::new();
+    let c = Arc::clone(&controller);
+    tasks.spawn(c.watch(
+        Api::<DynamicObject>::all_with(hub.clone(), &interface_resource()),
+        watcher::Config::default(),
+        interfaces,
+        0b0001,
+        |c: &Controller, e: &Event<DynamicObject>| match e {
+            Event::Apply(o) | Event::InitApply(o) => c.interface_changed(o, false),
+            Event::Delete(o) => c.interface_changed(o, true),
+            Event::Init | Event::InitDone => {}
+        },
+        cancel.clone(),
+    ));
+    let c = Arc::clone(&controller);
+    tasks.spawn(c.watch(
+        Api::<DynamicObject>::all_with(hub.clone(), &service_resource()),
+        watcher::Config::default(),
+        services,
+        0b0010,
+        |c: &Controller, e: &Event<DynamicObject>| match e {
+            Event::Apply(o) | Event::InitApply(o) | Event::Delete(o) => c.queue.add(Controller::key_of(o)),
+            Event::Init | Event::InitDone => {}
+        },
+        cancel.clone(),
+    ));
+    let c = Arc::clone(&controller);
+    tasks.spawn(c.watch(
+        Api::<EndpointSlice>::all(hub.clone()),
+        watcher::Config::default().labels(endpoints::NETWORK_SERVICE_LABEL),
+        slices,
+        0b0100,
+        |c: &Controller, e: &Event<EndpointSlice>| match e {
+            Event::Apply(o) | Event::Delete(o) => {
+                for owner in o.owner_references().iter().filter(|o| o.kind == "NetworkService") {
+                    c.queue.add((o.namespace().unwrap_or_default(), owner.name.clone()));
+                }
+            }
+            _ => {}
+        },
+        cancel.clone(),
+    ));
+    let c = Arc::clone(&controller);
+    tasks.spawn(c.watch(
+        Api::<Namespace>::all(hub.clone()),
+        watcher::Config::default(),
+        namespaces,
+        0b1000,
+        |c: &Controller, e: &Event<Namespace>| {
+            if let Event::Apply(ns) = e {
+                for s in c
+                    .services
+                    .state_filter(|s| s.namespace().as_deref() == Some(ns.name_any().as_str()))
+                {
+                    c.queue.add(Controller::key_of(s.as_ref()));
+                }
+            }
+        },
+        cancel.clone(),
+    ));
+    {
+        let (c, health, cancel) = (Arc::clone(&controller), health.clone(), cancel.clone());
+        tasks.spawn(async move {
+            let mut rx = c.listed.subscribe();
+            tokio::select! {
+                () = cancel.cancelled() => {}
+                _ = rx.wait_for(|v| *v == ALL_LISTED) => {
+                    health.clear("hub");
+                    tracing::info!(services = c.services.len(), interfaces = c.interfaces.len(), "hub caches listed; resolving services");
+                }
+            }
+        });
+    }
+    for _ in 0..args.workers.max(1) {
+        tasks.spawn(Arc::clone(&controller).work());
+    }
+
+    let mut result = Ok(());
+    tokio::select! {
+        () = cancel.cancelled() => {}
+        Some(served) = servers.join_next() => {
+            if let Ok(Err(err)) = served {
+                result = Err(err.into());
+            }
+            cancel.cancel();
+        }
+    }
+    controller.queue.close();
+    while tasks.join_next().await.is_some() {}
+    while servers.join_next().await.is_some() {}
+    result
+}
