@@ -346,3 +346,22 @@ pub fn galactic_slice(namespace: &str, name: &str, endpoints: Value, sid: Option
 pub fn pod_endpoint(address: &str, pod: &str) -> Value {
     json!({"addresses": [address], "conditions": {"ready": true}, "targetRef": {"kind": "Pod", "name": pod, "namespace": "default"}})
 }
+
+/// The API resource of NetworkService.
+pub fn network_service_resource() -> ApiResource {
+    kube::discovery::ApiResource::erase::<replicator::api::NetworkService>(&())
+}
+
+/// A NetworkService selecting interfaces labelled `compute.datumapis.com/workload: <workload>`,
+/// with one TCP port `http` on 8080.
+pub fn network_service(namespace: &str, name: &str, workload: &str) -> Value {
+    json!({
+        "apiVersion": "networking.datumapis.com/v1alpha",
+        "kind": "NetworkService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "networkInterfaces": {"selector": {"matchLabels": {"compute.datumapis.com/workload": workload}}},
+            "ports": [{"name": "http", "port": 8080}]
+        }
+    })
+}

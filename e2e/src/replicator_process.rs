@@ -34,6 +34,7 @@ pub struct ReplicatorSpec {
     location: String,
     binary: Option<PathBuf>,
     hub_kubeconfig: Option<PathBuf>,
+    membership: bool,
     args: Vec<OsString>,
     envs: Vec<(OsString, OsString)>,
 }
@@ -46,8 +47,18 @@ impl ReplicatorSpec {
             location: cell.name().to_owned(),
             binary: None,
             hub_kubeconfig: None,
+            membership: false,
             args: Vec::new(),
             envs: Vec::new(),
+        }
+    }
+
+    /// `replicator membership` against the hub instead of `replicator run` for a cell; its log
+    /// and [`ReplicatorProcess::location`] are named `membership`.
+    pub fn membership() -> ReplicatorSpec {
+        ReplicatorSpec {
+            membership: true,
+            ..ReplicatorSpec::new(Cluster::Hub).location("membership")
         }
     }
 
@@ -128,22 +139,29 @@ impl ReplicatorProcess {
         }
         let metrics_addr = free_loopback_addr()?;
         let health_addr = free_loopback_addr()?;
-        let mut args: Vec<OsString> = vec![
-            "run".into(),
-            "--location".into(),
-            spec.location.clone().into(),
-            "--cell-kubeconfig".into(),
-            env.kubeconfig_path(spec.cell).into(),
+        let hub_kubeconfig = spec
+            .hub_kubeconfig
+            .clone()
+            .unwrap_or_else(|| env.kubeconfig_path(Cluster::Hub));
+        let mut args: Vec<OsString> = if spec.membership {
+            vec!["membership".into()]
+        } else {
+            vec![
+                "run".into(),
+                "--location".into(),
+                spec.location.clone().into(),
+                "--cell-kubeconfig".into(),
+                env.kubeconfig_path(spec.cell).into(),
+            ]
+        };
+        args.extend([
             "--hub-kubeconfig".into(),
-            spec.hub_kubeconfig
-                .clone()
-                .unwrap_or_else(|| env.kubeconfig_path(Cluster::Hub))
-                .into(),
+            hub_kubeconfig.into(),
             "--metrics-bind-address".into(),
             metrics_addr.to_string().into(),
             "--health-probe-bind-address".into(),
             health_addr.to_string().into(),
-        ];
+        ]);
         args.extend(spec.args.iter().cloned());
         let (log, mut out) = create_log(&env.logs_dir(), &spec.location)?;
         writeln!(

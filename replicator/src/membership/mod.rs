@@ -101,6 +101,8 @@ pub struct Metrics {
     pub errors: Family<ClassLabels, Counter>,
     /// `replicator_membership_status_writes_total`: status writes (unchanged status is skipped).
     pub status_writes: Counter,
+    /// `replicator_membership_passes_total`: completed service passes.
+    pub passes: Counter,
 }
 
 impl Metrics {
@@ -111,12 +113,14 @@ impl Metrics {
             healthy: Family::default(),
             errors: Family::default(),
             status_writes: Counter::default(),
+            passes: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("replicator_membership");
         r.register("members", "Members of a NetworkService", m.members.clone());
         r.register("healthy", "Healthy members of a NetworkService", m.healthy.clone());
         r.register("errors", "Failed service passes by class", m.errors.clone());
         r.register("status_writes", "NetworkService status writes", m.status_writes.clone());
+        r.register("passes", "Completed service passes", m.passes.clone());
         m
     }
 }
@@ -247,6 +251,7 @@ impl Controller {
             match result {
                 Ok(()) => {
                     lock(&self.attempts).remove(&key);
+                    self.metrics.passes.inc();
                 }
                 Err(err) => {
                     let class = classify(&err);
