@@ -66,12 +66,11 @@ async fn sample_input(
     let ni = fixtures::resource("networkinterfaces")?;
     for i in 0..2 {
         let name = format!("web-{i}-eth0");
-        fixtures::apply(
-            &client,
-            &ni,
-            &fixtures::network_interface(ns, &name, "default", &format!("web-{i}"), "web", location),
-        )
-        .await?;
+        let mut interface = fixtures::network_interface(ns, &name, "default", &format!("web-{i}"), "web", location);
+        let site = if location == "dfw" { 1 } else { 2 };
+        interface["spec"]["addresses"] =
+            json!([{"family": "IPv6", "address": format!("fd20:0:{site}:1::{}/64", 10 + i), "primary": true}]);
+        fixtures::apply(&client, &ni, &interface).await?;
         fixtures::set_status(&client, &ni, ns, &name, fixtures::bound_status(true)).await?;
         put("networkinterfaces", name);
     }
@@ -147,6 +146,10 @@ async fn main() -> anyhow::Result<()> {
         replicators.push(r);
     }
 
+    println!("== starting replicator membership against the hub");
+    let mut membership = ReplicatorProcess::spawn(&env, ReplicatorSpec::membership()).await?;
+    membership.wait_ready(Duration::from_secs(60)).await?;
+
     println!("== writing sample input into both cells");
     let mut written = Vec::new();
     for (cell, location) in cells {
@@ -215,6 +218,65 @@ async fn main() -> anyhow::Result<()> {
             copy.annotations().get(fixtures::SRV6_SID_ANNOTATION)
         );
     }
+
+    println!("\n== a NetworkService on the hub selecting compute.datumapis.com/workload=web");
+    let services = fixtures::network_service_resource();
+    fixtures::apply(&hub, &services, &fixtures::network_service(NAMESPACE, "web", "web")).await?;
+    let service = fixtures::wait_for(
+        &hub,
+        &services,
+        NAMESPACE,
+        "web",
+        CONVERGE,
+        "status with 4 members",
+        |s| {
+            serde_json::to_value(s)
+                .map(|v| v["status"]["summary"]["members"] == 4)
+                .unwrap_or(false)
+        },
+    )
+    .await?;
+    let status = serde_json::to_value(&service)?["status"].clone();
+    println!(
+        "summary: {} members, {} healthy, {} locations",
+        status["summary"]["members"], status["summary"]["healthy"], status["summary"]["locations"]
+    );
+    println!("| location | members | healthy | serving |\n|---|---|---|---|");
+    for l in status["locations"].as_array().into_iter().flatten() {
+        println!(
+            "| {} | {} | {} | {} |",
+            l["name"].as_str().unwrap_or_default(),
+            l["members"],
+            l["healthy"],
+            l["serving"]
+        );
+    }
+    for c in status["conditions"].as_array().into_iter().flatten() {
+        println!(
+            "condition {}={} ({}): {}",
+            c["type"].as_str().unwrap_or_default(),
+            c["status"].as_str().unwrap_or_default(),
+            c["reason"].as_str().unwrap_or_default(),
+            c["message"].as_str().unwrap_or_default()
+        );
+    }
+    let slices = Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(hub.clone(), NAMESPACE)
+        .list(&kube::api::ListParams::default().labels("networking.datumapis.com/network-service=web"))
+        .await?;
+    for s in &slices.items {
+        let endpoints: Vec<String> = s
+            .endpoints
+            .iter()
+            .map(|e| format!("{}@{}", e.addresses.join(","), e.zone.clone().unwrap_or_default()))
+            .collect();
+        println!(
+            "EndpointSlice {} ({}): {}",
+            s.name_any(),
+            s.address_type,
+            endpoints.join(" ")
+        );
+    }
+    membership.terminate(Duration::from_secs(10)).await?;
 
     println!("\nReplicators:");
     for r in &replicators {
