@@ -33,6 +33,13 @@ pub enum Command {
     Membership(crate::membership::MembershipArgs),
     /// Print the project's CRDs as YAML (the content of config/crds/).
     Crds,
+    /// Print the Karmada ClusterPropagationPolicies for these locations (policies/policies.yaml).
+    Policies {
+        /// A location with a cell (repeat for each); each gets a policy carrying its
+        /// NetworkContext and Subnet copies to it.
+        #[arg(long = "location", required = true)]
+        locations: Vec<String>,
+    },
 }
 
 /// Log output format.

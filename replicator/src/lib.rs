@@ -12,6 +12,7 @@ pub mod health;
 pub mod http;
 pub mod membership;
 pub mod metrics;
+pub mod policies;
 pub mod queue;
 pub mod routing;
 pub mod rules;

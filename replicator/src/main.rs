@@ -10,6 +10,10 @@ async fn main() -> anyhow::Result<()> {
             print!("{}", replicator::api::crds_yaml()?);
             Ok(())
         }
+        Command::Policies { locations } => {
+            print!("{}", replicator::policies::render(&locations)?);
+            Ok(())
+        }
         Command::Membership(args) => {
             cli::init_tracing(args.log_format);
             replicator::membership::run(args)
