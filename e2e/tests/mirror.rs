@@ -670,3 +670,46 @@ async fn a_missing_hub_kubeconfig_is_waited_for_not_ready() -> TestResult {
     .await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_missing_hub_namespace_is_waited_for_never_created() -> TestResult {
+    let env = Environment::ensure_up().await?;
+    let (ns, loc) = (unique("nohubns"), unique("loc"));
+    fixtures::namespace(&env, &[CELL_A], &ns, true).await?;
+    let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
+    let r = start(&env, CELL_A, &loc, &[]).await;
+    let net = fixtures::resource("networks")?;
+    fixtures::apply(&cell, &net, &fixtures::network(&ns, "default")).await?;
+    replicator_e2e::wait::until(CONVERGE, "a namespace_missing error", || async {
+        let n = r
+            .metric(
+                "replicator_errors_total",
+                &[
+                    ("kind", "Network"),
+                    ("location", loc.as_str()),
+                    ("class", "namespace_missing"),
+                ],
+            )
+            .await?;
+        Ok::<_, replicator_e2e::Error>(n.filter(|n| *n >= 1.0))
+    })
+    .await?;
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(hub.clone());
+    assert!(
+        namespaces.get_opt(&ns).await?.is_none(),
+        "the replicator never creates hub namespaces"
+    );
+    // Created by the platform, the namespace is picked up at once, not after the backoff.
+    fixtures::namespace(&env, &[HUB], &ns, true).await?;
+    fixtures::wait_for(
+        &hub,
+        &net,
+        &ns,
+        &copy_name(&ns, "default", &loc),
+        Duration::from_secs(10),
+        "copy once the namespace exists",
+        |_| true,
+    )
+    .await?;
+    Ok(())
+}

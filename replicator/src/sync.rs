@@ -342,6 +342,7 @@ impl CellSync {
             tasks.spawn(Arc::clone(&self).watch_copies(i, writer, cancel.clone()));
         }
         tasks.spawn(Arc::clone(&self).watch_namespaces(writers.namespaces, cancel.clone()));
+        tasks.spawn(Arc::clone(&self).watch_hub_namespaces(cancel.clone()));
         for _ in 0..self.settings.workers.max(1) {
             tasks.spawn(Arc::clone(&self).work());
         }
@@ -593,6 +594,39 @@ impl CellSync {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Watches hub namespaces: when one appears, the sources of that namespace are queued at once
+    /// instead of waiting out the backoff of their `namespace_missing` failures (the replicator
+    /// never creates hub namespaces; it waits for them).
+    async fn watch_hub_namespaces(self: Arc<Self>, cancel: CancellationToken) {
+        let api = Api::<kube::core::PartialObjectMeta<Namespace>>::all(self.hub.clone());
+        let mut stream = watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        let mut known: HashSet<String> = HashSet::new();
+        let mut listed = false;
+        loop {
+            let next = tokio::select! {
+                () = cancel.cancelled() => return,
+                next = stream.next() => next,
+            };
+            match next {
+                None => return,
+                Some(Err(err)) => tracing::debug!(error = %err, "hub namespace watch failed; retrying with backoff"),
+                Some(Ok(Event::Apply(ns) | Event::InitApply(ns))) => {
+                    let name = ns.name_any();
+                    if known.insert(name.clone()) && listed {
+                        self.requeue_namespace(&name);
+                    }
+                }
+                Some(Ok(Event::Delete(ns))) => {
+                    known.remove(&ns.name_any());
+                }
+                Some(Ok(Event::InitDone)) => listed = true,
+                Some(Ok(Event::Init)) => {}
             }
         }
     }
