@@ -713,3 +713,115 @@ async fn a_missing_hub_namespace_is_waited_for_never_created() -> TestResult {
     .await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_source_that_cannot_be_copied_gets_an_event_and_a_metric_and_others_flow() -> TestResult {
+    let env = Environment::ensure_up().await?;
+    let (ns, loc) = (unique("badsrc"), unique("loc"));
+    fixtures::routed_namespace(&env, &ns).await?;
+    let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
+    let r = start(&env, CELL_A, &loc, &[]).await;
+    let ni = fixtures::resource("networkinterfaces")?;
+    // A claim name longer than a label value allows: held-by cannot be set.
+    let long_claim = "c".repeat(70);
+    fixtures::apply(
+        &cell,
+        &ni,
+        &fixtures::network_interface(&ns, "bad", "default", &long_claim, "web", &loc),
+    )
+    .await?;
+    fixtures::apply(
+        &cell,
+        &ni,
+        &fixtures::network_interface(&ns, "good", "default", "claim", "web", &loc),
+    )
+    .await?;
+    fixtures::wait_for(
+        &hub,
+        &ni,
+        &ns,
+        &copy_name(&ns, "good", &loc),
+        CONVERGE,
+        "the good source still flows",
+        |_| true,
+    )
+    .await?;
+    let labels = [
+        ("kind", "NetworkInterface"),
+        ("location", loc.as_str()),
+        ("class", "source_invalid"),
+    ];
+    replicator_e2e::wait::until(CONVERGE, "a source_invalid error", || async {
+        Ok::<_, replicator_e2e::Error>(
+            r.metric("replicator_errors_total", &labels)
+                .await?
+                .filter(|n| *n >= 1.0),
+        )
+    })
+    .await?;
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(cell.clone(), &ns);
+    let event = replicator_e2e::wait::until(CONVERGE, "a SourceInvalid event on the source", || async {
+        let list = events.list(&Default::default()).await?;
+        Ok::<_, kube::Error>(
+            list.items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("SourceInvalid")),
+        )
+    })
+    .await?;
+    assert_eq!(event.regarding.as_ref().and_then(|r| r.name.as_deref()), Some("bad"));
+    assert!(
+        event
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("networking.datumapis.com/held-by"),
+        "{:?}",
+        event.note
+    );
+    assert!(
+        fixtures::get(&hub, &ni, &ns, &copy_name(&ns, "bad", &loc))
+            .await?
+            .is_none()
+    );
+    // No retry loop: the error waits for the source to change. A later source is the barrier.
+    fixtures::apply(
+        &cell,
+        &ni,
+        &fixtures::network_interface(&ns, "later", "default", "claim-2", "web", &loc),
+    )
+    .await?;
+    fixtures::wait_for(
+        &hub,
+        &ni,
+        &ns,
+        &copy_name(&ns, "later", &loc),
+        CONVERGE,
+        "barrier copy",
+        |_| true,
+    )
+    .await?;
+    assert_eq!(
+        r.metric("replicator_errors_total", &labels).await?,
+        Some(1.0),
+        "no retries of an uncopyable source"
+    );
+    // Fixing the source publishes it.
+    fixtures::apply(
+        &cell,
+        &ni,
+        &fixtures::network_interface(&ns, "bad", "default", "claim-3", "web", &loc),
+    )
+    .await?;
+    fixtures::wait_for(
+        &hub,
+        &ni,
+        &ns,
+        &copy_name(&ns, "bad", &loc),
+        CONVERGE,
+        "fixed source published",
+        |_| true,
+    )
+    .await?;
+    Ok(())
+}
