@@ -5,18 +5,33 @@
 #   etcd                                     go.etcd.io/etcd/server/v3   $ETCD_VERSION
 #   kube-apiserver, kube-controller-manager,
 #   kubectl                                  k8s.io/kubernetes           $KUBE_VERSION
+#   karmada-{aggregated-apiserver,webhook,
+#   controller-manager,scheduler}            github.com/karmada-io/karmada $KARMADA_VERSION
 #
-# Output: $REPLICATOR_CACHE/bin/etcd-$ETCD_VERSION/etcd and
+# Output: $REPLICATOR_CACHE/bin/etcd-$ETCD_VERSION/etcd,
 #         $REPLICATOR_CACHE/bin/kubernetes-$KUBE_VERSION/{kube-apiserver,kube-controller-manager,kubectl}
-# Recipe: ../shared/reference/karmada.md §1 (wrapper modules with the staging replace lines).
+#         $REPLICATOR_CACHE/bin/karmada-$KARMADA_VERSION/karmada-{aggregated-apiserver,webhook,
+#           controller-manager,scheduler}, plus the manifests the harness installs, copied from
+#           the module: crds/ (charts/karmada/_crds/bases, without the kustomization) and
+#           webhook-configuration.yaml (artifacts/deploy).
+# Recipe: ../shared/reference/karmada.md §1 (wrapper modules with the staging replace lines), §2.2.
+# Concurrent runs (two harnesses, a developer and a test) are serialised by a lock in the cache.
 set -euo pipefail
 
 KUBE_VERSION="${KUBE_VERSION:-v1.35.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+KARMADA_VERSION="${KARMADA_VERSION:-v1.18.2}"
 CACHE="${REPLICATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/replicator}"
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 
 log() { printf '[build-control-plane %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+mkdir -p "$CACHE/bin"
+exec 9>"$CACHE/.build.lock"
+if ! flock -n 9; then
+  log "another build holds $CACHE/.build.lock; waiting for it"
+  flock 9
+fi
 
 build_etcd() {
   local out="$CACHE/bin/etcd-$ETCD_VERSION"
@@ -70,8 +85,59 @@ build_kubernetes() {
   log "kubernetes $KUBE_VERSION: built at $out"
 }
 
-mkdir -p "$CACHE/bin"
+# The four Karmada components a push-mode control plane needs (karmada.md §2.3), installed as
+# karmada-<cmd> so that `ps` tells them apart from kube-controller-manager.
+KARMADA_COMMANDS=(aggregated-apiserver webhook controller-manager scheduler)
+
+build_karmada() {
+  local out="$CACHE/bin/karmada-$KARMADA_VERSION" cmd complete=1
+  for cmd in "${KARMADA_COMMANDS[@]}"; do [[ -x "$out/karmada-$cmd" ]] || complete=0; done
+  [[ -f "$out/webhook-configuration.yaml" && -d "$out/crds" ]] || complete=0
+  if (( complete )); then log "karmada $KARMADA_VERSION: cached at $out"; return; fi
+  local module="github.com/karmada-io/karmada" work="$CACHE/src/karmada-$KARMADA_VERSION"
+  rm -rf "$work" "$out.tmp" && mkdir -p "$work" "$out.tmp/crds"
+  # Karmada's go.mod has no replace lines, but `go install …@version` still fails here: it asks
+  # the proxy for the module's version list (deprecation check), which the proxy refuses for
+  # this module. A wrapper module requiring the tag resolves exactly Karmada's own requirements.
+  # Its `go` line too, which sets the GODEBUG defaults as in Karmada's own build.
+  local download modfile go_line
+  download=$(go mod download -json "$module@$KARMADA_VERSION")
+  modfile=$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p' <<<"$download")
+  go_line=$(sed -n 's/^go \([0-9.]*\).*$/\1/p' "$modfile")
+  printf 'module replicator.local/karmada-build\n\ngo %s\n\nrequire %s %s\n' \
+    "${go_line:-1.25.0}" "$module" "$KARMADA_VERSION" >"$work/go.mod"
+  log "karmada $KARMADA_VERSION: resolving modules (several minutes cold)"
+  (cd "$work" && for cmd in "${KARMADA_COMMANDS[@]}"; do
+      go get -tool "$module/cmd/$cmd@$KARMADA_VERSION"
+    done)
+  local info dir commit
+  info=$(cd "$work" && go list -m -json "$module")
+  dir=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p' <<<"$info")
+  [[ -d "$dir" ]] || { log "karmada $KARMADA_VERSION: go list reported no module directory"; exit 1; }
+  commit=$(sed -n 's/^[[:space:]]*"Hash": "\(.*\)",*$/\1/p' <<<"$download")
+  # CRDs from charts/karmada/_crds/bases only: the kustomization next to it patches in a
+  # conversion webhook with placeholders (karmada.md §2.4).
+  local crd
+  while IFS= read -r crd; do
+    cp "$crd" "$out.tmp/crds/$(basename "$(dirname "$crd")")_$(basename "$crd")"
+  done < <(find "$dir/charts/karmada/_crds/bases" -name '*.yaml' | sort)
+  cp "$dir/artifacts/deploy/webhook-configuration.yaml" "$out.tmp/"
+  chmod -R u+w "$out.tmp"
+  local v="$module/pkg/version"
+  local ld="-s -w -X $v.gitVersion=$KARMADA_VERSION -X $v.gitTreeState=clean"
+  [[ -n "$commit" ]] && ld="$ld -X $v.gitCommit=$commit -X $v.gitShortCommit=${commit:0:9}"
+  for cmd in "${KARMADA_COMMANDS[@]}"; do
+    log "karmada $KARMADA_VERSION: compiling $cmd (the first one takes longest on 2 cores)"
+    # v1.17/v1.18 need this tag with the k8s 1.35 libraries (karmada.md §2.2); harmless later.
+    (cd "$work" && go build -trimpath -tags kubernetes_protomessage_one_more_release \
+      -ldflags "$ld" -o "$out.tmp/karmada-$cmd" "$module/cmd/$cmd")
+  done
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  log "karmada $KARMADA_VERSION: built at $out"
+}
+
 start=$(date +%s)
 build_etcd
 build_kubernetes
+build_karmada
 log "done in $(( $(date +%s) - start ))s; cache: $CACHE"

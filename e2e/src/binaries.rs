@@ -1,4 +1,5 @@
-//! The control-plane binaries, built by `e2e/scripts/build-control-plane.sh` into a cache.
+//! The control-plane binaries, built by `e2e/scripts/build-control-plane.sh` into a cache, and
+//! the Karmada manifests the script copies next to the Karmada binaries.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -14,6 +15,9 @@ use crate::paths;
 pub const ETCD_VERSION: &str = "v3.6.16";
 /// The Kubernetes version the harness runs (kube-apiserver, kube-controller-manager, kubectl).
 pub const KUBE_VERSION: &str = "v1.35.4";
+/// The Karmada version the harness runs (aggregated apiserver, webhook, controller-manager,
+/// scheduler). v1.19.0 is not on the module proxy; v1.18.2 pairs with Kubernetes 1.35.
+pub const KARMADA_VERSION: &str = "v1.18.2";
 
 /// Paths of the control-plane binaries.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,6 +30,18 @@ pub struct Binaries {
     pub kube_controller_manager: PathBuf,
     /// kubectl.
     pub kubectl: PathBuf,
+    /// karmada-aggregated-apiserver (serves `cluster.karmada.io`).
+    pub karmada_aggregated_apiserver: PathBuf,
+    /// karmada-webhook.
+    pub karmada_webhook: PathBuf,
+    /// karmada-controller-manager.
+    pub karmada_controller_manager: PathBuf,
+    /// karmada-scheduler.
+    pub karmada_scheduler: PathBuf,
+    /// Karmada's CRDs (`charts/karmada/_crds/bases`, flattened): a directory of YAML files.
+    pub karmada_crds: PathBuf,
+    /// Karmada's `artifacts/deploy/webhook-configuration.yaml` (with its placeholders).
+    pub karmada_webhook_configuration: PathBuf,
 }
 
 impl Binaries {
@@ -33,11 +49,18 @@ impl Binaries {
     pub fn in_cache(cache: &Path) -> Binaries {
         let bin = cache.join("bin");
         let kube = bin.join(format!("kubernetes-{KUBE_VERSION}"));
+        let karmada = bin.join(format!("karmada-{KARMADA_VERSION}"));
         Binaries {
             etcd: bin.join(format!("etcd-{ETCD_VERSION}")).join("etcd"),
             kube_apiserver: kube.join("kube-apiserver"),
             kube_controller_manager: kube.join("kube-controller-manager"),
             kubectl: kube.join("kubectl"),
+            karmada_aggregated_apiserver: karmada.join("karmada-aggregated-apiserver"),
+            karmada_webhook: karmada.join("karmada-webhook"),
+            karmada_controller_manager: karmada.join("karmada-controller-manager"),
+            karmada_scheduler: karmada.join("karmada-scheduler"),
+            karmada_crds: karmada.join("crds"),
+            karmada_webhook_configuration: karmada.join("webhook-configuration.yaml"),
         }
     }
 
@@ -46,19 +69,28 @@ impl Binaries {
         Binaries::in_cache(&paths::cache_dir())
     }
 
-    /// All four paths.
-    pub fn all(&self) -> [&Path; 4] {
+    /// The paths of the eight executables and of the webhook configuration (every file).
+    pub fn all(&self) -> [&Path; 9] {
         [
             &self.etcd,
             &self.kube_apiserver,
             &self.kube_controller_manager,
             &self.kubectl,
+            &self.karmada_aggregated_apiserver,
+            &self.karmada_webhook,
+            &self.karmada_controller_manager,
+            &self.karmada_scheduler,
+            &self.karmada_webhook_configuration,
         ]
     }
 
-    /// The paths that do not exist yet.
+    /// The paths that do not exist yet (files, and the CRD directory).
     pub fn missing(&self) -> Vec<&Path> {
-        self.all().into_iter().filter(|path| !path.is_file()).collect()
+        let mut missing: Vec<&Path> = self.all().into_iter().filter(|path| !path.is_file()).collect();
+        if !self.karmada_crds.is_dir() {
+            missing.push(&self.karmada_crds);
+        }
+        missing
     }
 
     /// Returns the cached binaries, running the build script first (its output streamed to this
@@ -81,6 +113,7 @@ impl Binaries {
             .env("REPLICATOR_CACHE", &cache)
             .env("KUBE_VERSION", KUBE_VERSION)
             .env("ETCD_VERSION", ETCD_VERSION)
+            .env("KARMADA_VERSION", KARMADA_VERSION)
             .stdin(Stdio::null())
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit());

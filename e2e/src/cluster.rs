@@ -1,4 +1,5 @@
-//! The three clusters of the environment.
+//! The four clusters of the environment: the hub (the Karmada control plane), two cells and a
+//! gateway-only member.
 
 use std::fmt;
 use std::str::FromStr;
@@ -11,12 +12,15 @@ use crate::error::Error;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Cluster {
-    /// The hub, where the replicator mirrors objects to (also runs kube-controller-manager).
+    /// The hub, where the replicator mirrors objects to: the Karmada apiserver (it also runs
+    /// kube-controller-manager and the Karmada components).
     Hub,
-    /// The first cell.
+    /// The first cell (location `dfw`); a Karmada member.
     CellA,
-    /// The second cell.
+    /// The second cell (location `sjc`); a Karmada member.
     CellB,
+    /// A gateway-only cluster: a Karmada member that is not a cell.
+    Edge1,
 }
 
 /// The hub cluster.
@@ -25,31 +29,57 @@ pub const HUB: Cluster = Cluster::Hub;
 pub const CELL_A: Cluster = Cluster::CellA;
 /// The second cell cluster.
 pub const CELL_B: Cluster = Cluster::CellB;
+/// The gateway-only member cluster.
+pub const EDGE_1: Cluster = Cluster::Edge1;
 
 impl Cluster {
     /// All clusters, hub first.
-    pub const ALL: [Cluster; 3] = [Cluster::Hub, Cluster::CellA, Cluster::CellB];
+    pub const ALL: [Cluster; 4] = [Cluster::Hub, Cluster::CellA, Cluster::CellB, Cluster::Edge1];
 
-    /// The cluster's name: `hub`, `cell-a` or `cell-b`.
+    /// The cells (each runs a replicator in the scenarios).
+    pub const CELLS: [Cluster; 2] = [Cluster::CellA, Cluster::CellB];
+
+    /// The Karmada member clusters (registered in push mode, all of them gateways).
+    pub const MEMBERS: [Cluster; 3] = [Cluster::CellA, Cluster::CellB, Cluster::Edge1];
+
+    /// The cluster's name: `hub`, `cell-a`, `cell-b` or `edge-1`; also the name of its Karmada
+    /// `Cluster` object.
     pub fn name(self) -> &'static str {
         match self {
             Cluster::Hub => "hub",
             Cluster::CellA => "cell-a",
             Cluster::CellB => "cell-b",
+            Cluster::Edge1 => "edge-1",
         }
     }
 
-    /// The etcd key prefix this cluster's apiserver stores under (`/hub`, `/cell-a`, `/cell-b`).
+    /// The etcd key prefix this cluster's apiserver stores under (`/hub`, `/cell-a`, ...).
     pub fn etcd_prefix(self) -> &'static str {
         match self {
             Cluster::Hub => "/hub",
             Cluster::CellA => "/cell-a",
             Cluster::CellB => "/cell-b",
+            Cluster::Edge1 => "/edge-1",
         }
     }
 
-    /// Whether this is one of the cells (not the hub).
+    /// The location of a cell (`dfw` for cell-a, `sjc` for cell-b), carried by its Karmada
+    /// `Cluster` as label `topology.datum.net/location`; `None` for the hub and edge-1.
+    pub fn location(self) -> Option<&'static str> {
+        match self {
+            Cluster::CellA => Some("dfw"),
+            Cluster::CellB => Some("sjc"),
+            Cluster::Hub | Cluster::Edge1 => None,
+        }
+    }
+
+    /// Whether this is one of the cells (cell-a or cell-b).
     pub fn is_cell(self) -> bool {
+        matches!(self, Cluster::CellA | Cluster::CellB)
+    }
+
+    /// Whether this cluster is a Karmada member (every cluster but the hub).
+    pub fn is_member(self) -> bool {
         self != Cluster::Hub
     }
 }
@@ -82,6 +112,17 @@ mod tests {
         }
         assert!("cell-c".parse::<Cluster>().is_err());
         Ok(())
+    }
+
+    #[test]
+    fn members_cells_and_locations() {
+        assert!(Cluster::MEMBERS.iter().all(|c| c.is_member()) && !HUB.is_member());
+        assert!(Cluster::CELLS.iter().all(|c| c.is_cell()) && !EDGE_1.is_cell() && !HUB.is_cell());
+        assert_eq!(CELL_A.location(), Some("dfw"));
+        assert_eq!(CELL_B.location(), Some("sjc"));
+        assert_eq!(EDGE_1.location(), None);
+        let prefixes: std::collections::BTreeSet<_> = Cluster::ALL.iter().map(|c| c.etcd_prefix()).collect();
+        assert_eq!(prefixes.len(), Cluster::ALL.len());
     }
 
     #[test]

@@ -1,6 +1,8 @@
-//! The environment: one etcd, three kube-apiservers (`hub`, `cell-a`, `cell-b`, each under its
-//! own etcd prefix) and a kube-controller-manager for the hub, all real binaries running as
-//! detached processes on loopback ports.
+//! The environment: one etcd, four kube-apiservers (`hub`, `cell-a`, `cell-b`, `edge-1`, each
+//! under its own etcd prefix), and on the hub a real Karmada control plane: kube-controller-manager
+//! and the Karmada aggregated apiserver, webhook, controller-manager and scheduler, with the
+//! three other clusters registered as push-mode members (see [`crate::karmada`]). All are real
+//! binaries running as detached processes on loopback ports.
 //!
 //! Layout of the state directory (`$REPLICATOR_ENV_DIR`, default `<workspace>/target/replicator-env`):
 //!
@@ -8,8 +10,11 @@
 //! state.json            pids, start times, ports, binaries (see `state.rs`)
 //! .lock                 flock held while starting or stopping the environment
 //! etcd/                 etcd's data directory
-//! pki/                  CA (cert and key), apiserver serving cert, service-account keys, tokens.csv
-//! kubeconfigs/          <cluster>.kubeconfig (admin), hub-controller-manager.kubeconfig
+//! pki/                  CA (cert and key), apiserver and karmada-webhook serving certs, front-proxy
+//!                       CA and client cert, service-account keys, tokens.csv
+//! kubeconfigs/          <cluster>.kubeconfig (admin), hub-controller-manager.kubeconfig,
+//!                       hub-karmada.kubeconfig
+//! karmada/              the rewritten webhook configuration the harness applied
 //! logs/                 <component>.log for every process, replicator-<location>-<n>.log
 //! ```
 
@@ -31,7 +36,9 @@ use crate::binaries::Binaries;
 use crate::cluster::Cluster;
 use crate::command::{self, combined_output, describe};
 use crate::crds;
+use crate::daemon::{Daemon, Probe};
 use crate::error::{Error, Result, io_context};
+use crate::karmada::MemberStatus;
 use crate::kubeconfig;
 use crate::paths;
 use crate::pki::{Pki, Tokens};
@@ -44,10 +51,15 @@ use crate::wait::{self, Check};
 const ETCD_READY: Duration = Duration::from_secs(60);
 /// How long an apiserver may take to answer `/readyz` (three start at once on a small machine).
 const APISERVER_READY: Duration = Duration::from_secs(180);
-/// How long kube-controller-manager may take to answer `/healthz`.
-const CONTROLLER_MANAGER_READY: Duration = Duration::from_secs(120);
+/// How long a restarted hub may take to serve the aggregated Karmada API again.
+const AGGREGATED_API_AFTER_RESTART: Duration = Duration::from_secs(120);
+/// How long a reused environment's members may take to be Ready again.
+const MEMBERS_READY_ON_REUSE: Duration = Duration::from_secs(60);
 /// How long a process gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(30);
+/// How long a daemon (a stateless client of the hub) gets between SIGTERM and SIGKILL; one that
+/// is still starting may ignore SIGTERM until its caches sync.
+const DAEMON_STOP_GRACE: Duration = Duration::from_secs(10);
 /// How long a port may keep accepting connections after its process is gone.
 const PORT_RELEASE: Duration = Duration::from_secs(10);
 /// How long `down` waits for init to reap the stopped processes.
@@ -57,7 +69,16 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How many log lines an error about a component quotes.
 const LOG_TAIL_LINES: usize = 40;
 /// Executable names of every process the harness starts, for the leftover sweep.
-const EXECUTABLES: [&str; 4] = ["etcd", "kube-apiserver", "kube-controller-manager", "replicator"];
+const EXECUTABLES: [&str; 8] = [
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "karmada-aggregated-apiserver",
+    "karmada-webhook",
+    "karmada-controller-manager",
+    "karmada-scheduler",
+    "replicator",
+];
 /// The lock file inside the state directory (survives a fresh start's cleanup).
 const LOCK_FILE: &str = ".lock";
 
@@ -67,11 +88,11 @@ const LOCK_FILE: &str = ".lock";
 /// after this value (and the process holding it) is gone, until [`Environment::down`] or
 /// `replicator-env down`.
 pub struct Environment {
-    dir: PathBuf,
-    pki: Pki,
-    ports: Ports,
-    binaries: Binaries,
-    admin_token: String,
+    pub(crate) dir: PathBuf,
+    pub(crate) pki: Pki,
+    pub(crate) ports: Ports,
+    pub(crate) binaries: Binaries,
+    pub(crate) admin_token: String,
     http: reqwest::Client,
     state: tokio::sync::Mutex<State>,
     reused: bool,
@@ -92,7 +113,8 @@ impl std::fmt::Debug for Environment {
 /// The observed health of one component of the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ComponentStatus {
-    /// `etcd`, `hub`, `cell-a`, `cell-b` or `kube-controller-manager`.
+    /// `etcd`, a cluster name (`hub`, `cell-a`, ...) for apiservers, or a daemon's name
+    /// (`kube-controller-manager`, `karmada-webhook`, ...).
     pub name: String,
     /// The cluster, for apiservers.
     pub cluster: Option<Cluster>,
@@ -111,13 +133,20 @@ pub struct ComponentStatus {
 pub struct Status {
     /// The state directory.
     pub dir: PathBuf,
-    /// etcd, the apiservers, kube-controller-manager.
+    /// etcd, the apiservers, kube-controller-manager and the Karmada components.
     pub components: Vec<ComponentStatus>,
+    /// The Karmada member `Cluster`s as the hub reports them.
+    pub members: Vec<MemberStatus>,
 }
 
 impl Status {
-    /// Whether every component runs and answers its probe.
+    /// Whether every component runs and answers its probe and every member is Ready.
     pub fn healthy(&self) -> bool {
+        self.processes_healthy() && self.members.iter().all(|member| member.ready.is_ok())
+    }
+
+    /// Whether every component runs and answers its probe (members not considered).
+    pub fn processes_healthy(&self) -> bool {
         self.components
             .iter()
             .all(|component| component.running && component.ready.is_ok())
@@ -318,12 +347,35 @@ impl Environment {
 
     /// Starts a cluster's apiserver with the same flags and port as before and waits until it
     /// answers `/readyz`. If it is already running, only waits for readiness.
+    ///
+    /// A restarted hub comes back as a whole: the call also waits until the aggregated Karmada
+    /// API (`Cluster`s) is served again, and restarts the processes that watch the hub
+    /// (kube-controller-manager, karmada-webhook, -controller-manager, -scheduler; they kept
+    /// running through the outage). Left alone, their informers would sit out client-go's
+    /// reconnect backoff (up to 30 s) and then relist after "too old resource version" (the
+    /// shared etcd's revision moved on): 40–60 s in which the hub's namespace controller and
+    /// Karmada act on nothing.
     pub async fn start_apiserver(&self, cluster: Cluster) -> Result<()> {
+        let started = self.start_apiserver_process(cluster).await?;
+        let karmada_ready = self.state.lock().await.karmada_ready;
+        if cluster == Cluster::Hub && karmada_ready {
+            self.wait_aggregated_api(AGGREGATED_API_AFTER_RESTART).await?;
+            if started {
+                self.restart_hub_watchers().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts a cluster's apiserver unless it runs, then waits for `/readyz`; returns whether
+    /// it started a process.
+    async fn start_apiserver_process(&self, cluster: Cluster) -> Result<bool> {
         let mut state = self.state.lock().await;
         let running = state
             .apiserver(cluster)
             .and_then(|entry| entry.process.clone())
             .filter(ProcessRecord::is_alive);
+        let started = running.is_none();
         let process = match running {
             Some(process) => process,
             None => {
@@ -348,10 +400,11 @@ impl Environment {
             &format!("kube-apiserver {cluster}"),
             &process,
             &format!("{}/readyz", self.server_url(cluster)),
-            true,
+            Probe::Ok200WithToken,
             APISERVER_READY,
         )
-        .await
+        .await?;
+        Ok(started)
     }
 
     /// Installs every `config/crds/*.yaml` into every cluster (server-side apply) and waits until
@@ -381,7 +434,7 @@ impl Environment {
             None,
             state.etcd.as_ref(),
             format!("{}/health", self.etcd_url()),
-            false,
+            Probe::Ok200,
         );
         let apiservers = join_all(Cluster::ALL.into_iter().map(|cluster| {
             let process = state.apiserver(cluster).and_then(|entry| entry.process.as_ref());
@@ -390,23 +443,31 @@ impl Environment {
                 Some(cluster),
                 process,
                 format!("{}/readyz", self.server_url(cluster)),
-                true,
+                Probe::Ok200WithToken,
             )
         }));
-        let controller_manager = self.component_status(
-            "kube-controller-manager".to_owned(),
-            None,
-            state.controller_manager.as_ref(),
-            self.controller_manager_url(),
-            false,
-        );
-        let (etcd, apiservers, controller_manager) = futures::join!(etcd, apiservers, controller_manager);
+        let daemons = join_all(Daemon::ALL.map(|daemon| self.daemon_status(daemon, state.daemons.get(&daemon))));
+        let members = async {
+            if state.karmada_ready {
+                self.member_statuses().await
+            } else {
+                Cluster::MEMBERS
+                    .into_iter()
+                    .map(|cluster| MemberStatus {
+                        cluster,
+                        ready: Err("not registered".to_owned()),
+                    })
+                    .collect()
+            }
+        };
+        let (etcd, apiservers, daemons, members) = futures::join!(etcd, apiservers, daemons, members);
         let mut components = vec![etcd];
         components.extend(apiservers);
-        components.push(controller_manager);
+        components.extend(daemons);
         Status {
             dir: self.dir.clone(),
             components,
+            members,
         }
     }
 
@@ -432,6 +493,10 @@ impl Environment {
             tracing::info!("the recorded environment runs other binaries; starting fresh");
             return Ok(None);
         }
+        if !state.karmada_ready {
+            tracing::info!("the recorded environment never completed its start; starting fresh");
+            return Ok(None);
+        }
         let env = match Environment::from_state(dir, state, true).await {
             Ok(env) => env,
             Err(error) => {
@@ -440,8 +505,15 @@ impl Environment {
             }
         };
         let status = env.status().await;
-        if status.healthy() {
-            return Ok(Some(env));
+        if status.processes_healthy() {
+            // A member may be NotReady for a moment (a member apiserver just restarted).
+            return match env.wait_members_ready(MEMBERS_READY_ON_REUSE).await {
+                Ok(()) => Ok(Some(env)),
+                Err(error) => {
+                    tracing::info!(%error, "Karmada members not Ready; starting fresh");
+                    Ok(None)
+                }
+            };
         }
         for component in status.components {
             if let Err(problem) = component.ready {
@@ -493,9 +565,19 @@ impl Environment {
         let env = Environment::from_state(dir, state, false).await?;
         env.write_kubeconfigs(&tokens).await?;
         env.start_etcd().await?;
-        try_join_all(Cluster::ALL.into_iter().map(|cluster| env.start_apiserver(cluster))).await?;
-        env.start_controller_manager().await?;
+        try_join_all(
+            Cluster::ALL
+                .into_iter()
+                .map(|cluster| env.start_apiserver_process(cluster)),
+        )
+        .await?;
         env.install_crds().await?;
+        env.start_karmada().await?;
+        {
+            let mut state = env.state.lock().await;
+            state.karmada_ready = true;
+            state.save(dir)?;
+        }
         tracing::info!(dir = %dir.display(), "environment up");
         Ok(env)
     }
@@ -524,7 +606,15 @@ impl Environment {
             "controller-manager",
             &tokens.controller_manager,
         );
-        write_private(&kubeconfig::controller_manager_path(&self.dir), &text)
+        write_private(&kubeconfig::controller_manager_path(&self.dir), &text)?;
+        let text = kubeconfig::render(
+            Cluster::Hub,
+            &self.server_url(Cluster::Hub),
+            &ca,
+            "karmada",
+            &tokens.karmada,
+        );
+        write_private(&kubeconfig::karmada_path(&self.dir), &text)
     }
 
     async fn start_etcd(&self) -> Result<()> {
@@ -553,7 +643,7 @@ impl Environment {
             "etcd",
             &process,
             &format!("{}/health", self.etcd_url()),
-            false,
+            Probe::Ok200,
             ETCD_READY,
         )
         .await
@@ -583,44 +673,93 @@ impl Environment {
             // SIGTERMed apiserver up to its 60s request timeout; with it, they end at once.
             flag("--shutdown-watch-termination-grace-period", "5s"),
         ];
-        if cluster != Cluster::Hub {
+        if cluster == Cluster::Hub {
+            // The hub is the Karmada apiserver: it proxies cluster.karmada.io to the aggregated
+            // apiserver, authenticating with the front-proxy client certificate and passing the
+            // user in request headers (without these, proxied requests arrive anonymous).
+            let proxy_client = self.pki.front_proxy_client_cert();
+            args.extend([
+                // A SIGTERMed apiserver waits up to the request timeout (default 60s) for open
+                // connections; the watches the Karmada components hold through the aggregator
+                // are not ended by the watch grace period below, so keep that wait short.
+                flag("--request-timeout", "20s"),
+                flag("--proxy-client-cert-file", &proxy_client.cert),
+                flag("--proxy-client-key-file", &proxy_client.key),
+                flag("--requestheader-client-ca-file", self.pki.front_proxy_ca_cert()),
+                flag("--requestheader-allowed-names", crate::pki::FRONT_PROXY_CLIENT),
+                flag("--requestheader-username-headers", "X-Remote-User"),
+                flag("--requestheader-group-headers", "X-Remote-Group"),
+                flag("--requestheader-extra-headers-prefix", "X-Remote-Extra-"),
+            ]);
+        } else {
             // One compactor for the shared etcd is enough.
             args.push(flag("--etcd-compaction-interval", "0"));
         }
         args
     }
 
-    async fn start_controller_manager(&self) -> Result<()> {
-        let serving = self.pki.apiserver_cert();
-        let args = vec![
-            flag("--kubeconfig", kubeconfig::controller_manager_path(&self.dir)),
-            flag("--controllers", "namespace,garbagecollector"),
-            flag("--leader-elect", "false"),
-            flag("--bind-address", "127.0.0.1"),
-            flag("--secure-port", self.ports.controller_manager.to_string()),
-            flag("--tls-cert-file", &serving.cert),
-            flag("--tls-private-key-file", &serving.key),
-        ];
-        tracing::info!(port = self.ports.controller_manager, "starting kube-controller-manager");
-        let log = logs_dir(&self.dir).join("kube-controller-manager.log");
-        let process = process::spawn_detached(&self.binaries.kube_controller_manager, &args, &log)?;
+    /// Starts a daemon and waits until it is healthy (see [`Daemon::health_url`]); on failure
+    /// the error quotes its log.
+    pub(crate) async fn start_daemon(&self, daemon: Daemon, deadline: Duration) -> Result<()> {
+        let binary = match daemon {
+            Daemon::KubeControllerManager => &self.binaries.kube_controller_manager,
+            Daemon::KarmadaAggregatedApiserver => &self.binaries.karmada_aggregated_apiserver,
+            Daemon::KarmadaWebhook => &self.binaries.karmada_webhook,
+            Daemon::KarmadaControllerManager => &self.binaries.karmada_controller_manager,
+            Daemon::KarmadaScheduler => &self.binaries.karmada_scheduler,
+        };
+        tracing::info!(%daemon, "starting");
+        let log = logs_dir(&self.dir).join(format!("{}.log", daemon.name()));
+        let process = process::spawn_detached(binary, &self.daemon_args(daemon), &log)?;
         {
             let mut state = self.state.lock().await;
-            state.controller_manager = Some(process.clone());
+            state.daemons.insert(daemon, process.clone());
             state.save(&self.dir)?;
         }
         self.wait_ready(
-            "kube-controller-manager",
+            daemon.name(),
             &process,
-            &self.controller_manager_url(),
-            false,
-            CONTROLLER_MANAGER_READY,
+            &daemon.health_url(&self.ports),
+            daemon.probe(),
+            deadline,
         )
-        .await
+        .await?;
+        Ok(())
     }
 
-    fn controller_manager_url(&self) -> String {
-        format!("https://127.0.0.1:{}/healthz", self.ports.controller_manager)
+    /// Stops a daemon (SIGTERM, SIGKILL after a grace period) if it runs, and forgets it.
+    pub(crate) async fn stop_daemon(&self, daemon: Daemon) -> Result<()> {
+        let process = self.state.lock().await.daemons.get(&daemon).cloned();
+        if let Some(process) = process {
+            tracing::info!(%daemon, pid = process.pid, "stopping");
+            process.terminate(daemon.name(), DAEMON_STOP_GRACE).await?;
+            let mut state = self.state.lock().await;
+            state.daemons.remove(&daemon);
+            state.save(&self.dir)?;
+        }
+        Ok(())
+    }
+
+    /// [`Error::NotReady`] for a daemon, with the tail of its log.
+    pub(crate) fn daemon_error(&self, daemon: Daemon, reason: Error) -> Error {
+        let log = logs_dir(&self.dir).join(format!("{}.log", daemon.name()));
+        Error::NotReady {
+            component: daemon.name().to_owned(),
+            reason: Box::new(reason),
+            log_tail: log_tail(&log, LOG_TAIL_LINES),
+            log,
+        }
+    }
+
+    async fn daemon_status(&self, daemon: Daemon, process: Option<&ProcessRecord>) -> ComponentStatus {
+        self.component_status(
+            daemon.name().to_owned(),
+            None,
+            process,
+            daemon.health_url(&self.ports),
+            daemon.probe(),
+        )
+        .await
     }
 
     /// Polls `url` until it answers 200, failing early if the process exits; on failure the
@@ -630,7 +769,7 @@ impl Environment {
         component: &str,
         process: &ProcessRecord,
         url: &str,
-        bearer: bool,
+        probe: Probe,
         deadline: Duration,
     ) -> Result<()> {
         let what = format!("{component} to answer {url}");
@@ -640,7 +779,7 @@ impl Environment {
                 if !alive {
                     return Ok::<_, Error>(Check::Abort(format!("the process (pid {}) exited", process.pid)));
                 }
-                Ok(match self.probe(url, bearer).await {
+                Ok(match self.probe(url, probe).await {
                     Ok(()) => Check::Ready(()),
                     Err(problem) => Check::NotYet(problem),
                 })
@@ -655,15 +794,16 @@ impl Environment {
         })
     }
 
-    /// GETs `url`; `Ok` on 200, otherwise a description of the answer or the failure.
-    async fn probe(&self, url: &str, bearer: bool) -> std::result::Result<(), String> {
+    /// GETs `url`; `Ok` on 200 (or on any answer for [`Probe::AnyAnswer`]), otherwise a
+    /// description of the answer or the failure.
+    async fn probe(&self, url: &str, probe: Probe) -> std::result::Result<(), String> {
         let mut request = self.http.get(url);
-        if bearer {
+        if probe == Probe::Ok200WithToken {
             request = request.bearer_auth(&self.admin_token);
         }
         let response = request.send().await.map_err(|error| error_chain(&error))?;
         let status = response.status();
-        if status == reqwest::StatusCode::OK {
+        if status == reqwest::StatusCode::OK || probe == Probe::AnyAnswer {
             return Ok(());
         }
         let body = response.text().await.unwrap_or_default();
@@ -682,13 +822,13 @@ impl Environment {
         cluster: Option<Cluster>,
         process: Option<&ProcessRecord>,
         url: String,
-        bearer: bool,
+        probe: Probe,
     ) -> ComponentStatus {
         let running = process.is_some_and(ProcessRecord::is_alive);
         let ready = match process {
             None => Err("stopped".to_owned()),
             Some(process) if !running => Err(format!("process {} is not running", process.pid)),
-            Some(_) => self.probe(&url, bearer).await,
+            Some(_) => self.probe(&url, probe).await,
         };
         ComponentStatus {
             name,
@@ -723,18 +863,28 @@ pub fn kubeconfig_path(dir: &Path, cluster: Cluster) -> PathBuf {
     kubeconfig::path(dir, cluster)
 }
 
-/// Stops the recorded processes (controller-manager, then apiservers, then etcd), sweeps
+/// Stops the recorded processes (the daemons, then the apiservers, then etcd), sweeps
 /// leftovers, removes the state file.
 async fn stop_all(dir: &Path, state: Option<&State>) -> Result<()> {
     let mut stopped = Vec::new();
     if let Some(state) = state {
         let processes = state.processes();
-        for group in ["kube-controller-manager", "kube-apiserver", "etcd"] {
+        let group_of = |name: &str| {
+            if name == "etcd" {
+                2
+            } else if name.starts_with("kube-apiserver") {
+                1
+            } else {
+                0
+            }
+        };
+        for group in 0..=2 {
+            let grace = if group == 0 { DAEMON_STOP_GRACE } else { STOP_GRACE };
             try_join_all(
                 processes
                     .iter()
-                    .filter(|(name, _)| name.starts_with(group))
-                    .map(|(name, process)| process.terminate(name, STOP_GRACE)),
+                    .filter(|(name, _)| group_of(name) == group)
+                    .map(|(name, process)| process.terminate(name, grace)),
             )
             .await?;
         }
@@ -800,7 +950,7 @@ fn logs_dir(dir: &Path) -> PathBuf {
 }
 
 /// Writes a file readable only by its owner (kubeconfigs hold tokens).
-fn write_private(path: &Path, contents: &str) -> Result<()> {
+pub(crate) fn write_private(path: &Path, contents: &str) -> Result<()> {
     let mut file = OpenOptions::new()
         .create(true)
         .write(true)
@@ -813,7 +963,7 @@ fn write_private(path: &Path, contents: &str) -> Result<()> {
 }
 
 /// `--name=value` as an OS string (values may be paths).
-fn flag(name: &str, value: impl AsRef<OsStr>) -> OsString {
+pub(crate) fn flag(name: &str, value: impl AsRef<OsStr>) -> OsString {
     let mut flag = OsString::from(name);
     flag.push("=");
     flag.push(value);

@@ -114,7 +114,7 @@ pub enum Error {
     Scenario(String),
 
     /// The name does not denote one of the environment's clusters.
-    #[error("unknown cluster {0:?}; expected one of hub, cell-a, cell-b")]
+    #[error("unknown cluster {0:?}; expected one of hub, cell-a, cell-b, edge-1")]
     UnknownCluster(String),
 
     /// Sending a signal failed for a reason other than the process being gone.

@@ -1,5 +1,5 @@
 //! The kubeconfig files the environment writes: one per cluster for the admin user, plus one
-//! for the hub's kube-controller-manager.
+//! for the hub's kube-controller-manager and one for the Karmada components.
 
 use std::path::{Path, PathBuf};
 
@@ -21,6 +21,11 @@ pub fn path(state_dir: &Path, cluster: Cluster) -> PathBuf {
 /// The kubeconfig kube-controller-manager uses to talk to the hub.
 pub(crate) fn controller_manager_path(state_dir: &Path) -> PathBuf {
     dir(state_dir).join("hub-controller-manager.kubeconfig")
+}
+
+/// The kubeconfig the Karmada components use to talk to the hub (user `system:karmada`).
+pub(crate) fn karmada_path(state_dir: &Path) -> PathBuf {
+    dir(state_dir).join("hub-karmada.kubeconfig")
 }
 
 /// Renders a token-authenticated kubeconfig with the CA embedded. The context is named after the

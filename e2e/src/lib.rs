@@ -1,6 +1,8 @@
-//! The end-to-end harness: a local, real control plane (one etcd, three kube-apiservers named
-//! `hub`, `cell-a` and `cell-b`, and a kube-controller-manager for the hub) built from pinned
-//! upstream sources, plus helpers to run the `replicator` binary against it.
+//! The end-to-end harness: a local, real control plane built from pinned upstream sources (one
+//! etcd, four kube-apiservers named `hub`, `cell-a`, `cell-b` and `edge-1`; on the hub a real
+//! Karmada: kube-controller-manager, karmada-aggregated-apiserver, -webhook, -controller-manager
+//! and -scheduler, with the other three clusters registered as push-mode members), plus helpers
+//! to run the `replicator` binary against it and to wait for what Karmada carries to members.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), replicator_e2e::Error> {
@@ -20,8 +22,10 @@ pub mod cluster;
 mod command;
 pub mod controlplane;
 mod crds;
+pub mod daemon;
 pub mod error;
 pub mod fixtures;
+pub mod karmada;
 pub mod kubeconfig;
 pub mod metrics;
 pub mod paths;
@@ -32,8 +36,10 @@ pub mod replicator_process;
 mod state;
 pub mod wait;
 
-pub use cluster::{CELL_A, CELL_B, Cluster, HUB};
+pub use cluster::{CELL_A, CELL_B, Cluster, EDGE_1, HUB};
 pub use controlplane::{ComponentStatus, Environment, Status};
+pub use daemon::Daemon;
 pub use error::{Error, Result};
+pub use karmada::MemberStatus;
 pub use metrics::metric_value;
 pub use replicator_process::{ReplicatorProcess, ReplicatorSpec};

@@ -1,6 +1,8 @@
 //! The environment's PKI, made with the `openssl` CLI: a CA (whose key is kept so tests can sign
-//! more serving certificates, for example for webhooks), the apiservers' serving certificate, the
-//! service-account key pair and the static bearer tokens.
+//! more serving certificates, for example for webhooks), the apiservers' serving certificate,
+//! karmada-webhook's serving certificate, a separate front-proxy CA with the hub's aggregation
+//! client certificate (CN `front-proxy-client`), the service-account key pair and the static
+//! bearer tokens.
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
@@ -14,6 +16,12 @@ use crate::error::{Error, Result, io_context};
 
 /// File name stem of the apiservers' serving certificate.
 const APISERVER_CERT: &str = "apiserver";
+/// File name stem of karmada-webhook's serving certificate.
+const KARMADA_WEBHOOK_CERT: &str = "karmada-webhook";
+/// File name stem of the front-proxy CA (the hub's `--requestheader-client-ca-file`).
+const FRONT_PROXY_CA: &str = "front-proxy-ca";
+/// File name stem and common name of the hub's aggregation client certificate.
+pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
 /// RSA key size for every key the harness makes.
 const RSA_BITS: &str = "2048";
 /// Validity of every certificate, in days.
@@ -28,13 +36,16 @@ pub struct CertPair {
     pub key: PathBuf,
 }
 
-/// The static bearer tokens in `tokens.csv` (both users are in `system:masters`).
+/// The static bearer tokens in `tokens.csv` (every user is in `system:masters`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tokens {
-    /// The `admin` user's token, used by the kubeconfigs and the tests.
+    /// The `admin` user's token, used by the kubeconfigs, the tests and the Karmada member
+    /// Secrets (Karmada reaches the members with it).
     pub admin: String,
     /// The `system:kube-controller-manager` user's token.
     pub controller_manager: String,
+    /// The `system:karmada` user's token, used by the Karmada components against the hub.
+    pub karmada: String,
 }
 
 /// The PKI directory of an environment.
@@ -69,6 +80,23 @@ impl Pki {
         self.pair(APISERVER_CERT)
     }
 
+    /// karmada-webhook's serving certificate (SANs `IP:127.0.0.1`, `DNS:localhost`), signed by
+    /// the CA, whose certificate is the webhook configurations' `caBundle`.
+    pub fn karmada_webhook_cert(&self) -> CertPair {
+        self.pair(KARMADA_WEBHOOK_CERT)
+    }
+
+    /// The front-proxy CA certificate: the hub's `--requestheader-client-ca-file`.
+    pub fn front_proxy_ca_cert(&self) -> PathBuf {
+        self.pair(FRONT_PROXY_CA).cert
+    }
+
+    /// The client certificate (CN `front-proxy-client`, signed by the front-proxy CA) the hub
+    /// presents to aggregated apiservers: `--proxy-client-cert-file` / `--proxy-client-key-file`.
+    pub fn front_proxy_client_cert(&self) -> CertPair {
+        self.pair(FRONT_PROXY_CLIENT)
+    }
+
     /// The service-account signing key (private).
     pub fn service_account_key(&self) -> PathBuf {
         self.dir.join("sa.key")
@@ -98,18 +126,27 @@ impl Pki {
         tokio::fs::create_dir_all(&self.dir)
             .await
             .map_err(io_context(format!("creating {}", self.dir.display())))?;
-        self.create_ca().await?;
-        self.issue_serving_cert(APISERVER_CERT, &["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])
+        self.create_ca(&self.ca_pair(), "replicator-e2e-ca").await?;
+        let loopback = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
+        self.issue_serving_cert(APISERVER_CERT, &["localhost"], &loopback)
+            .await?;
+        self.issue_serving_cert(KARMADA_WEBHOOK_CERT, &["localhost"], &loopback)
+            .await?;
+        let front_proxy_ca = self.pair(FRONT_PROXY_CA);
+        self.create_ca(&front_proxy_ca, "replicator-e2e-front-proxy-ca").await?;
+        self.issue_cert(&front_proxy_ca, FRONT_PROXY_CLIENT, "extendedKeyUsage = clientAuth\n")
             .await?;
         self.create_service_account_keys().await?;
         let tokens = Tokens {
             admin: random_hex(32),
             controller_manager: random_hex(32),
+            karmada: random_hex(32),
         };
         let csv = format!(
             "{},admin,replicator-e2e-admin,\"system:masters\"\n\
-             {},system:kube-controller-manager,replicator-e2e-kcm,\"system:masters\"\n",
-            tokens.admin, tokens.controller_manager
+             {},system:kube-controller-manager,replicator-e2e-kcm,\"system:masters\"\n\
+             {},system:karmada,replicator-e2e-karmada,\"system:masters\"\n",
+            tokens.admin, tokens.controller_manager, tokens.karmada
         );
         write_file(&self.tokens_file(), csv.as_bytes()).await?;
         Ok(tokens)
@@ -133,20 +170,30 @@ impl Pki {
                 "serving certificate {name} needs at least one DNS name or IP"
             )));
         }
+        let extensions = format!(
+            "extendedKeyUsage = serverAuth, clientAuth\n\
+             subjectAltName = @alt_names\n\
+             [alt_names]\n{alt_names}"
+        );
+        self.issue_cert(&self.ca_pair(), name, &extensions).await
+    }
+
+    /// Signs `<name>.crt` / `<name>.key` (common name `name`) with the CA `ca`; `extensions` ends
+    /// the `[v3_cert]` section (extended key usages, subject alternative names).
+    async fn issue_cert(&self, ca: &CertPair, name: &str, extensions: &str) -> Result<CertPair> {
+        check_token(name, "certificate name")?;
         let config = self.dir.join(format!("{name}.cnf"));
         write_file(
             &config,
             format!(
                 "[req]\nprompt = no\ndistinguished_name = dn\n\
                  [dn]\nCN = {name}\n\
-                 [v3_server]\n\
+                 [v3_cert]\n\
                  basicConstraints = critical, CA:FALSE\n\
                  keyUsage = critical, digitalSignature, keyEncipherment\n\
-                 extendedKeyUsage = serverAuth, clientAuth\n\
                  subjectKeyIdentifier = hash\n\
                  authorityKeyIdentifier = keyid, issuer\n\
-                 subjectAltName = @alt_names\n\
-                 [alt_names]\n{alt_names}"
+                 {extensions}"
             )
             .as_bytes(),
         )
@@ -171,14 +218,14 @@ impl Pki {
                 .arg("-in")
                 .arg(&csr)
                 .arg("-CA")
-                .arg(self.ca_cert())
+                .arg(&ca.cert)
                 .arg("-CAkey")
-                .arg(self.ca_key())
+                .arg(&ca.key)
                 .arg("-set_serial")
                 .arg(random_serial())
                 .arg("-extfile")
                 .arg(&config)
-                .args(["-extensions", "v3_server"])
+                .args(["-extensions", "v3_cert"])
                 .arg("-out")
                 .arg(&pair.cert),
         )
@@ -186,16 +233,24 @@ impl Pki {
         Ok(pair)
     }
 
-    async fn create_ca(&self) -> Result<()> {
-        let config = self.dir.join("ca.cnf");
+    /// A self-signed CA at `pair` with common name `common_name`.
+    async fn create_ca(&self, pair: &CertPair, common_name: &str) -> Result<()> {
+        let stem = pair
+            .cert
+            .file_stem()
+            .map_or_else(|| "ca".into(), |stem| stem.to_string_lossy());
+        let config = self.dir.join(format!("{stem}.cnf"));
         write_file(
             &config,
-            b"[req]\nprompt = no\ndistinguished_name = dn\nx509_extensions = v3_ca\n\
-              [dn]\nCN = replicator-e2e-ca\n\
-              [v3_ca]\n\
-              basicConstraints = critical, CA:TRUE\n\
-              keyUsage = critical, keyCertSign, cRLSign, digitalSignature\n\
-              subjectKeyIdentifier = hash\n",
+            format!(
+                "[req]\nprompt = no\ndistinguished_name = dn\nx509_extensions = v3_ca\n\
+                 [dn]\nCN = {common_name}\n\
+                 [v3_ca]\n\
+                 basicConstraints = critical, CA:TRUE\n\
+                 keyUsage = critical, keyCertSign, cRLSign, digitalSignature\n\
+                 subjectKeyIdentifier = hash\n"
+            )
+            .as_bytes(),
         )
         .await?;
         run_checked(
@@ -206,12 +261,19 @@ impl Pki {
                 .arg("-config")
                 .arg(&config)
                 .arg("-keyout")
-                .arg(self.ca_key())
+                .arg(&pair.key)
                 .arg("-out")
-                .arg(self.ca_cert()),
+                .arg(&pair.cert),
         )
         .await?;
         Ok(())
+    }
+
+    fn ca_pair(&self) -> CertPair {
+        CertPair {
+            cert: self.ca_cert(),
+            key: self.ca_key(),
+        }
     }
 
     async fn create_service_account_keys(&self) -> Result<()> {

@@ -1,7 +1,8 @@
 //! The environment's fixed loopback ports, in one place.
 //!
 //! Each default can be overridden with an environment variable when the environment is started
-//! fresh; a running environment's ports are read back from its `state.json`.
+//! fresh; a running environment's ports are read back from its `state.json`. Every Karmada
+//! component gets its own ports (their upstream defaults, `:8080` for metrics above all, clash).
 
 use serde::{Deserialize, Serialize};
 
@@ -19,8 +20,26 @@ pub const HUB_PORT: u16 = 16443;
 pub const CELL_A_PORT: u16 = 16444;
 /// The cell-b kube-apiserver's secure port (`REPLICATOR_CELL_B_PORT`).
 pub const CELL_B_PORT: u16 = 16445;
+/// The edge-1 kube-apiserver's secure port (`REPLICATOR_EDGE_1_PORT`).
+pub const EDGE_1_PORT: u16 = 16446;
 /// The hub kube-controller-manager's secure (health) port (`REPLICATOR_KCM_PORT`).
 pub const CONTROLLER_MANAGER_PORT: u16 = 16457;
+/// karmada-aggregated-apiserver's secure port (`REPLICATOR_KARMADA_AGGREGATED_APISERVER_PORT`).
+pub const KARMADA_AGGREGATED_APISERVER_PORT: u16 = 16460;
+/// karmada-webhook's secure port (`REPLICATOR_KARMADA_WEBHOOK_PORT`).
+pub const KARMADA_WEBHOOK_PORT: u16 = 16461;
+/// karmada-webhook's metrics port (`REPLICATOR_KARMADA_WEBHOOK_METRICS_PORT`).
+pub const KARMADA_WEBHOOK_METRICS_PORT: u16 = 16462;
+/// karmada-webhook's health port (`REPLICATOR_KARMADA_WEBHOOK_HEALTH_PORT`).
+pub const KARMADA_WEBHOOK_HEALTH_PORT: u16 = 16463;
+/// karmada-controller-manager's metrics port (`REPLICATOR_KARMADA_CM_METRICS_PORT`).
+pub const KARMADA_CONTROLLER_MANAGER_METRICS_PORT: u16 = 16464;
+/// karmada-controller-manager's health port (`REPLICATOR_KARMADA_CM_HEALTH_PORT`).
+pub const KARMADA_CONTROLLER_MANAGER_HEALTH_PORT: u16 = 16465;
+/// karmada-scheduler's metrics port (`REPLICATOR_KARMADA_SCHEDULER_METRICS_PORT`).
+pub const KARMADA_SCHEDULER_METRICS_PORT: u16 = 16466;
+/// karmada-scheduler's health port (`REPLICATOR_KARMADA_SCHEDULER_HEALTH_PORT`).
+pub const KARMADA_SCHEDULER_HEALTH_PORT: u16 = 16467;
 
 /// The set of ports one environment uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,8 +54,26 @@ pub struct Ports {
     pub cell_a: u16,
     /// The cell-b apiserver's port.
     pub cell_b: u16,
+    /// The edge-1 apiserver's port.
+    pub edge_1: u16,
     /// kube-controller-manager's health port.
     pub controller_manager: u16,
+    /// karmada-aggregated-apiserver's secure port.
+    pub karmada_aggregated_apiserver: u16,
+    /// karmada-webhook's secure port.
+    pub karmada_webhook: u16,
+    /// karmada-webhook's metrics port.
+    pub karmada_webhook_metrics: u16,
+    /// karmada-webhook's health port.
+    pub karmada_webhook_health: u16,
+    /// karmada-controller-manager's metrics port.
+    pub karmada_controller_manager_metrics: u16,
+    /// karmada-controller-manager's health port.
+    pub karmada_controller_manager_health: u16,
+    /// karmada-scheduler's metrics port.
+    pub karmada_scheduler_metrics: u16,
+    /// karmada-scheduler's health port.
+    pub karmada_scheduler_health: u16,
 }
 
 impl Default for Ports {
@@ -47,7 +84,16 @@ impl Default for Ports {
             hub: HUB_PORT,
             cell_a: CELL_A_PORT,
             cell_b: CELL_B_PORT,
+            edge_1: EDGE_1_PORT,
             controller_manager: CONTROLLER_MANAGER_PORT,
+            karmada_aggregated_apiserver: KARMADA_AGGREGATED_APISERVER_PORT,
+            karmada_webhook: KARMADA_WEBHOOK_PORT,
+            karmada_webhook_metrics: KARMADA_WEBHOOK_METRICS_PORT,
+            karmada_webhook_health: KARMADA_WEBHOOK_HEALTH_PORT,
+            karmada_controller_manager_metrics: KARMADA_CONTROLLER_MANAGER_METRICS_PORT,
+            karmada_controller_manager_health: KARMADA_CONTROLLER_MANAGER_HEALTH_PORT,
+            karmada_scheduler_metrics: KARMADA_SCHEDULER_METRICS_PORT,
+            karmada_scheduler_health: KARMADA_SCHEDULER_HEALTH_PORT,
         }
     }
 }
@@ -55,16 +101,43 @@ impl Default for Ports {
 impl Ports {
     /// The defaults, each overridden by its environment variable when set.
     pub fn from_env() -> Result<Ports> {
-        let defaults = Ports::default();
+        let d = Ports::default();
         let ports = Ports {
-            etcd_client: port_var("REPLICATOR_ETCD_PORT", defaults.etcd_client)?,
-            etcd_peer: port_var("REPLICATOR_ETCD_PEER_PORT", defaults.etcd_peer)?,
-            hub: port_var("REPLICATOR_HUB_PORT", defaults.hub)?,
-            cell_a: port_var("REPLICATOR_CELL_A_PORT", defaults.cell_a)?,
-            cell_b: port_var("REPLICATOR_CELL_B_PORT", defaults.cell_b)?,
-            controller_manager: port_var("REPLICATOR_KCM_PORT", defaults.controller_manager)?,
+            etcd_client: port_var("REPLICATOR_ETCD_PORT", d.etcd_client)?,
+            etcd_peer: port_var("REPLICATOR_ETCD_PEER_PORT", d.etcd_peer)?,
+            hub: port_var("REPLICATOR_HUB_PORT", d.hub)?,
+            cell_a: port_var("REPLICATOR_CELL_A_PORT", d.cell_a)?,
+            cell_b: port_var("REPLICATOR_CELL_B_PORT", d.cell_b)?,
+            edge_1: port_var("REPLICATOR_EDGE_1_PORT", d.edge_1)?,
+            controller_manager: port_var("REPLICATOR_KCM_PORT", d.controller_manager)?,
+            karmada_aggregated_apiserver: port_var(
+                "REPLICATOR_KARMADA_AGGREGATED_APISERVER_PORT",
+                d.karmada_aggregated_apiserver,
+            )?,
+            karmada_webhook: port_var("REPLICATOR_KARMADA_WEBHOOK_PORT", d.karmada_webhook)?,
+            karmada_webhook_metrics: port_var("REPLICATOR_KARMADA_WEBHOOK_METRICS_PORT", d.karmada_webhook_metrics)?,
+            karmada_webhook_health: port_var("REPLICATOR_KARMADA_WEBHOOK_HEALTH_PORT", d.karmada_webhook_health)?,
+            karmada_controller_manager_metrics: port_var(
+                "REPLICATOR_KARMADA_CM_METRICS_PORT",
+                d.karmada_controller_manager_metrics,
+            )?,
+            karmada_controller_manager_health: port_var(
+                "REPLICATOR_KARMADA_CM_HEALTH_PORT",
+                d.karmada_controller_manager_health,
+            )?,
+            karmada_scheduler_metrics: port_var(
+                "REPLICATOR_KARMADA_SCHEDULER_METRICS_PORT",
+                d.karmada_scheduler_metrics,
+            )?,
+            karmada_scheduler_health: port_var("REPLICATOR_KARMADA_SCHEDULER_HEALTH_PORT", d.karmada_scheduler_health)?,
         };
-        let all = ports.all();
+        ports.check_distinct()?;
+        Ok(ports)
+    }
+
+    /// Fails if two components are configured to use the same port.
+    pub fn check_distinct(&self) -> Result<()> {
+        let all = self.all();
         for (i, (name, port)) in all.iter().enumerate() {
             if let Some((other, _)) = all[i + 1..].iter().find(|(_, p)| p == port) {
                 return Err(Error::Config(format!(
@@ -72,7 +145,7 @@ impl Ports {
                 )));
             }
         }
-        Ok(ports)
+        Ok(())
     }
 
     /// The secure port of a cluster's apiserver.
@@ -81,18 +154,34 @@ impl Ports {
             Cluster::Hub => self.hub,
             Cluster::CellA => self.cell_a,
             Cluster::CellB => self.cell_b,
+            Cluster::Edge1 => self.edge_1,
         }
     }
 
     /// Every port with the name of the component using it.
-    pub fn all(&self) -> [(&'static str, u16); 6] {
+    pub fn all(&self) -> [(&'static str, u16); 15] {
         [
             ("etcd (client)", self.etcd_client),
             ("etcd (peer)", self.etcd_peer),
             ("kube-apiserver hub", self.hub),
             ("kube-apiserver cell-a", self.cell_a),
             ("kube-apiserver cell-b", self.cell_b),
+            ("kube-apiserver edge-1", self.edge_1),
             ("kube-controller-manager", self.controller_manager),
+            ("karmada-aggregated-apiserver", self.karmada_aggregated_apiserver),
+            ("karmada-webhook", self.karmada_webhook),
+            ("karmada-webhook (metrics)", self.karmada_webhook_metrics),
+            ("karmada-webhook (health)", self.karmada_webhook_health),
+            (
+                "karmada-controller-manager (metrics)",
+                self.karmada_controller_manager_metrics,
+            ),
+            (
+                "karmada-controller-manager (health)",
+                self.karmada_controller_manager_health,
+            ),
+            ("karmada-scheduler (metrics)", self.karmada_scheduler_metrics),
+            ("karmada-scheduler (health)", self.karmada_scheduler_health),
         ]
     }
 }
@@ -105,5 +194,25 @@ fn port_var(name: &str, default: u16) -> Result<u16> {
             .and_then(|text| text.parse::<u16>().ok())
             .filter(|port| *port != 0)
             .ok_or_else(|| Error::Config(format!("{name}={value:?} is not a port number"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_distinct() -> anyhow::Result<()> {
+        Ports::default().check_distinct()?;
+        Ok(())
+    }
+
+    #[test]
+    fn a_clash_is_reported() {
+        let ports = Ports {
+            karmada_scheduler_metrics: KARMADA_WEBHOOK_METRICS_PORT,
+            ..Ports::default()
+        };
+        assert!(ports.check_distinct().is_err());
     }
 }

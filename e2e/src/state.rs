@@ -1,17 +1,19 @@
 //! `state.json`: what a running environment consists of (pids, ports, binaries, token).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::binaries::Binaries;
 use crate::cluster::Cluster;
+use crate::daemon::Daemon;
 use crate::error::{Error, Result, io_context};
 use crate::ports::Ports;
 use crate::process::ProcessRecord;
 
 /// Bumped whenever the layout changes; a state file of another format is treated as stale.
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
 
 /// The contents of `state.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,8 +30,12 @@ pub(crate) struct State {
     pub etcd: Option<ProcessRecord>,
     /// One entry per cluster; `process` is `None` while the apiserver is stopped.
     pub apiservers: Vec<ApiserverState>,
-    /// The hub's kube-controller-manager, once started.
-    pub controller_manager: Option<ProcessRecord>,
+    /// kube-controller-manager and the Karmada components, once started.
+    pub daemons: BTreeMap<Daemon, ProcessRecord>,
+    /// Whether the Karmada members have been registered (the control plane is complete; a
+    /// restarted hub must then serve the aggregated Cluster API again before it counts as up).
+    #[serde(default)]
+    pub karmada_ready: bool,
     /// SHA-256 of the CRD files last installed, to reinstall them only when they change.
     pub crds_digest: Option<String>,
 }
@@ -65,7 +71,8 @@ impl State {
                     process: None,
                 })
                 .collect(),
-            controller_manager: None,
+            daemons: BTreeMap::new(),
+            karmada_ready: false,
             crds_digest: None,
         }
     }
@@ -122,12 +129,14 @@ impl State {
         }
     }
 
-    /// Every recorded process with a human-readable name, in shutdown order
-    /// (controller-manager, apiservers, etcd).
+    /// Every recorded process with a human-readable name, in shutdown order (the daemons in
+    /// reverse start order, apiservers, etcd).
     pub fn processes(&self) -> Vec<(String, ProcessRecord)> {
         let mut all = Vec::new();
-        if let Some(kcm) = &self.controller_manager {
-            all.push(("kube-controller-manager".to_owned(), kcm.clone()));
+        for daemon in Daemon::ALL.into_iter().rev() {
+            if let Some(process) = self.daemons.get(&daemon) {
+                all.push((daemon.name().to_owned(), process.clone()));
+            }
         }
         for entry in &self.apiservers {
             if let Some(process) = &entry.process {

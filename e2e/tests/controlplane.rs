@@ -1,5 +1,6 @@
 //! The local control plane itself: real kube-apiservers v1.35.4 over one etcd, isolated by etcd
-//! prefix, and an apiserver outage that the harness can cause and end.
+//! prefix, and an apiserver outage that the harness can cause and end (after which the hub, the
+//! Karmada apiserver, serves the aggregated Cluster API again).
 //!
 //! The tests share one environment and are serialised (the outage test stops the hub).
 
@@ -9,9 +10,10 @@ use anyhow::{Context as _, ensure};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ObjectMeta, PostParams};
+use replicator_e2e::karmada::cluster_resource;
 use replicator_e2e::wait::{self, Check};
-use replicator_e2e::{CELL_A, CELL_B, Cluster, Environment, HUB};
+use replicator_e2e::{CELL_A, CELL_B, Cluster, EDGE_1, Environment, HUB};
 
 /// The environment is shared; the outage test must not overlap the others.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -156,7 +158,7 @@ async fn etcd_prefixes_isolate_clusters() -> anyhow::Result<()> {
     cell_a.create(&PostParams::default(), &namespace(&name)).await?;
 
     ensure!(cell_a.get_opt(&name).await?.is_some(), "cell-a lost {name}");
-    for other in [CELL_B, HUB] {
+    for other in [CELL_B, EDGE_1, HUB] {
         let api: Api<Namespace> = Api::all(env.client(other).await?);
         ensure!(
             api.get_opt(&name).await?.is_none(),
@@ -169,7 +171,7 @@ async fn etcd_prefixes_isolate_clusters() -> anyhow::Result<()> {
         "no etcd key {}",
         key(CELL_A)
     );
-    for other in [CELL_B, HUB] {
+    for other in [CELL_B, EDGE_1, HUB] {
         ensure!(
             etcd_key_count(&env, &key(other)).await? == 0,
             "etcd key {} exists",
@@ -213,7 +215,7 @@ async fn hub_outage_and_recovery() -> anyhow::Result<()> {
     );
     let kubectl = env.kubectl(HUB, ["get", "namespaces", "--request-timeout=5s"]).await?;
     ensure!(!kubectl.status.success(), "kubectl against the stopped hub succeeded");
-    for cell in [CELL_A, CELL_B] {
+    for cell in Cluster::MEMBERS {
         env.client(cell)
             .await?
             .apiserver_version()
@@ -234,7 +236,14 @@ async fn hub_outage_and_recovery() -> anyhow::Result<()> {
         "namespace {marker} did not survive the restart"
     );
     env.kubectl_ok(HUB, ["get", "namespace", marker.as_str()]).await?;
-    ensure!(env.status().await.healthy(), "unhealthy after the restart");
+    // The aggregated Karmada API is back with the hub, and the members stayed Ready.
+    let clusters: Api<DynamicObject> = Api::all_with(hub.clone(), &cluster_resource());
+    ensure!(
+        clusters.list(&Default::default()).await?.items.len() == Cluster::MEMBERS.len(),
+        "the restarted hub does not serve the members' Clusters"
+    );
+    let status = env.status().await;
+    ensure!(status.healthy(), "unhealthy after the restart: {status:#?}");
 
     // The hub's kube-controller-manager (namespace controller) finishes the deletion.
     namespaces.delete(&marker, &DeleteParams::default()).await?;

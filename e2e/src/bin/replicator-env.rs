@@ -1,8 +1,9 @@
 //! `replicator-env`: brings the local real control plane up or down, and reports on it.
 //!
 //! ```text
-//! replicator-env up                  start (or reuse) etcd + hub/cell-a/cell-b apiservers
-//! replicator-env status              per cluster: url, readyz, pid
+//! replicator-env up                  start (or reuse) etcd, the hub/cell-a/cell-b/edge-1 apiservers,
+//!                                    Karmada on the hub, members registered
+//! replicator-env status              per component: url, health, pid; per Karmada member: Ready
 //! replicator-env kubeconfig cell-a   print the path of a cluster's kubeconfig
 //! replicator-env down                stop everything started from the state directory
 //! ```
@@ -16,7 +17,8 @@ use clap::{Parser, Subcommand};
 use replicator_e2e::{Cluster, Environment, controlplane, paths};
 use tracing_subscriber::EnvFilter;
 
-/// Manage the local e2e control plane (one etcd, kube-apiservers hub, cell-a and cell-b).
+/// Manage the local e2e control plane (one etcd; kube-apiservers hub, cell-a, cell-b and edge-1;
+/// Karmada on the hub with the other three as members).
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
@@ -34,9 +36,10 @@ enum Commands {
     Up,
     /// Stop every process of the environment.
     Down,
-    /// Show each component's URL, readiness and pid; exits 1 unless all are healthy.
+    /// Show each component's URL, readiness and pid, and each Karmada member's readiness; exits 1
+    /// unless all are healthy.
     Status,
-    /// Print the path of a cluster's admin kubeconfig (hub, cell-a or cell-b).
+    /// Print the path of a cluster's admin kubeconfig (hub, cell-a, cell-b or edge-1).
     Kubeconfig {
         /// The cluster.
         cluster: Cluster,
@@ -100,6 +103,12 @@ async fn up(dir: &Path) -> anyhow::Result<ExitCode> {
         );
     }
     println!("  {:<7} {}", "etcd", env.etcd_url());
+    for member in Cluster::MEMBERS {
+        let location = member
+            .location()
+            .map_or_else(String::new, |location| format!(", location {location}"));
+        println!("  Karmada member {member} (push mode{location}): Ready");
+    }
     println!();
     println!("export {}={}", paths::ENV_DIR_VAR, env.dir().display());
     for cluster in Cluster::ALL {
@@ -111,8 +120,9 @@ async fn up(dir: &Path) -> anyhow::Result<ExitCode> {
         .map(|cluster| env.kubeconfig_path(cluster).display().to_string())
         .collect();
     println!(
-        "export KUBECONFIG={}  # contexts: hub, cell-a, cell-b",
-        merged.join(":")
+        "export KUBECONFIG={}  # contexts: {}",
+        merged.join(":"),
+        Cluster::ALL.map(Cluster::name).join(", ")
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -128,7 +138,7 @@ async fn status(dir: &Path) -> anyhow::Result<ExitCode> {
     };
     println!("environment at {}", status.dir.display());
     println!(
-        "  {:<24} {:<34} {:<8} {:<8} ready",
+        "  {:<30} {:<34} {:<8} {:<8} ready",
         "component", "url", "pid", "running"
     );
     for component in &status.components {
@@ -138,12 +148,19 @@ async fn status(dir: &Path) -> anyhow::Result<ExitCode> {
             Err(problem) => format!("failed: {problem}"),
         };
         println!(
-            "  {:<24} {:<34} {:<8} {:<8} {ready}",
+            "  {:<30} {:<34} {:<8} {:<8} {ready}",
             component.name,
             component.url,
             pid,
             if component.running { "yes" } else { "no" },
         );
+    }
+    for member in &status.members {
+        let ready = match &member.ready {
+            Ok(()) => "ok".to_owned(),
+            Err(problem) => format!("failed: {problem}"),
+        };
+        println!("  {:<30} {ready}", format!("Karmada Cluster {}", member.cluster));
     }
     Ok(if status.healthy() {
         ExitCode::SUCCESS
