@@ -82,7 +82,8 @@ impl State {
         dir.join("state.json")
     }
 
-    /// Reads the state file; `Ok(None)` if there is none or it has another format.
+    /// Reads the state file; `Ok(None)` if there is none or it has another format (an older
+    /// harness's; its processes are then found as leftovers by their command lines).
     pub fn load(dir: &Path) -> Result<Option<State>> {
         let path = State::path(dir);
         let text = match std::fs::read_to_string(&path) {
@@ -90,8 +91,21 @@ impl State {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(error) => return Err(io_context(format!("reading {}", path.display()))(error)),
         };
+        // The format first: a file an older harness wrote may lack fields this one needs.
+        #[derive(Deserialize)]
+        struct Format {
+            format: u32,
+        }
+        let format: Format = serde_json::from_str(&text).map_err(|source| Error::State {
+            path: path.clone(),
+            source,
+        })?;
+        if format.format != FORMAT {
+            tracing::info!(path = %path.display(), format = format.format, "ignoring a state file of another format");
+            return Ok(None);
+        }
         let state: State = serde_json::from_str(&text).map_err(|source| Error::State { path, source })?;
-        Ok((state.format == FORMAT).then_some(state))
+        Ok(Some(state))
     }
 
     /// Writes the state file atomically (write to a temporary file, then rename).
@@ -147,5 +161,23 @@ impl State {
             all.push(("etcd".to_owned(), etcd.clone()));
         }
         all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_file_of_another_format_is_ignored() -> anyhow::Result<()> {
+        let dir = std::env::temp_dir().join(format!("replicator-e2e-state-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(State::path(&dir), r#"{"format": 1, "ports": {"hub": 1}}"#)?;
+        assert!(State::load(&dir)?.is_none());
+        let state = State::new(Ports::default(), Binaries::expected(), "token".to_owned());
+        state.save(&dir)?;
+        assert_eq!(State::load(&dir)?, Some(state));
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
     }
 }
