@@ -94,12 +94,30 @@ pub async fn namespace(env: &Environment, clusters: &[Cluster], name: &str, rout
     Ok(())
 }
 
-/// Creates a routed namespace `name` in the hub and both cells.
+/// Creates a routed namespace `name` on the hub and waits until Karmada has delivered it, with
+/// its labels, to every member cluster (as namespaces reach cells in production).
 ///
 /// # Errors
-/// As [`namespace`].
+/// As [`namespace`], or [`Error::Timeout`] when a member does not get it.
 pub async fn routed_namespace(env: &Environment, name: &str) -> Result<()> {
-    namespace(env, &Cluster::ALL, name, true).await
+    namespace(env, &[Cluster::Hub], name, true).await?;
+    for member in Cluster::MEMBERS {
+        let api = Api::<Namespace>::all(env.client(member).await?);
+        let what = format!("namespace {name} delivered to {}", member.name());
+        wait::until(CONVERGE, &what, || {
+            let api = api.clone();
+            async move {
+                Ok::<_, kube::Error>(api.get_opt(name).await?.filter(|ns| {
+                    ns.metadata
+                        .labels
+                        .as_ref()
+                        .is_some_and(|l| l.contains_key(replicator::routing::UPSTREAM_CLUSTER_LABEL))
+                }))
+            }
+        })
+        .await?;
+    }
+    Ok(())
 }
 
 /// Server-side applies `object` (which names its apiVersion, kind, name and namespace).
