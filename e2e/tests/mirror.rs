@@ -723,7 +723,8 @@ async fn a_source_that_cannot_be_copied_gets_an_event_and_a_metric_and_others_fl
     let r = start(&env, CELL_A, &loc, &[]).await;
     let ni = fixtures::resource("networkinterfaces")?;
     // A claim name longer than a label value allows: held-by cannot be set.
-    let long_claim = "c".repeat(70);
+    // Multi-byte characters: the Event note quoting it must be cut on a character boundary.
+    let long_claim = "中".repeat(400);
     fixtures::apply(
         &cell,
         &ni,
@@ -823,5 +824,38 @@ async fn a_source_that_cannot_be_copied_gets_an_event_and_a_metric_and_others_fl
         |_| true,
     )
     .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_kind_missing_on_the_hub_does_not_stall_the_others() -> TestResult {
+    let env = Environment::ensure_up().await?;
+    let (ns, loc) = (unique("stall"), unique("loc"));
+    fixtures::routed_namespace(&env, &ns).await?;
+    let rules = env.dir().join("scratch").join(format!("{loc}-rules.yaml"));
+    std::fs::create_dir_all(rules.parent().unwrap())?;
+    std::fs::write(
+        &rules,
+        "rules:\n  - name: vpcattachments\n    resource: {group: cloud.datumapis.com, version: v1alpha1, kind: VPCAttachment, plural: vpcattachments}\n",
+    )?;
+    let spec = ReplicatorSpec::new(CELL_A)
+        .location(&loc)
+        .args(["--rules".to_owned(), rules.display().to_string()]);
+    let mut r = ReplicatorProcess::spawn(&env, spec).await?;
+    let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
+    let net = fixtures::resource("networks")?;
+    fixtures::apply(&cell, &net, &fixtures::network(&ns, "flows")).await?;
+    fixtures::wait_for(
+        &hub,
+        &net,
+        &ns,
+        &copy_name(&ns, "flows", &loc),
+        CONVERGE,
+        "Network mirrored despite the missing kind",
+        |_| true,
+    )
+    .await?;
+    let status = r.terminate(Duration::from_secs(10)).await?;
+    assert!(status.success(), "clean exit on SIGTERM: {status:?}");
     Ok(())
 }

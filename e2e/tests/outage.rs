@@ -88,6 +88,30 @@ async fn a_30_second_hub_outage_converges_with_nothing_lost() -> Result<(), Box<
     // The fault lasts the scenario's 30 s: this holds the outage, it synchronises nothing.
     tokio::time::sleep_until((down_at + Duration::from_secs(30)).into()).await;
     assert!(r.try_exit_status()?.is_none(), "the replicator survived the outage");
+    // SIGTERM while the hub is away: the process exits promptly instead of waiting for it.
+    let mut stopping = ReplicatorProcess::spawn(&env, ReplicatorSpec::new(CELL_A).location(unique("stop"))).await?;
+    let health = stopping.health_url();
+    wait::until(
+        Duration::from_secs(30),
+        "the second replicator to answer its probes",
+        || {
+            let url = format!("{health}/healthz");
+            async move {
+                Ok::<_, replicator_e2e::Error>(
+                    replicator_e2e::replicator_process::http_get(&url)
+                        .await
+                        .ok()
+                        .map(|_| ()),
+                )
+            }
+        },
+    )
+    .await?;
+    let status = stopping.terminate(Duration::from_secs(10)).await?;
+    assert!(
+        status.success(),
+        "clean exit on SIGTERM during a hub outage: {status:?}"
+    );
     env.start_apiserver(HUB).await?;
     let back_at = Instant::now();
 

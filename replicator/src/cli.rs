@@ -72,7 +72,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "0.0.0.0:8081")]
     pub health_probe_bind_address: SocketAddr,
     /// Time between sweeps of copies whose source is gone (jittered ±10 %), e.g. 10m, 30s.
-    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    #[arg(long, default_value = "10m", value_parser = parse_sweep_interval)]
     pub sweep_interval: Duration,
     /// Most copies one sweep pass deletes.
     #[arg(long, default_value_t = 1000)]
@@ -100,13 +100,32 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let n: u64 = number
         .parse()
         .map_err(|_| format!("{s:?} is not a duration like 30s, 10m, 1h or 500ms"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        "h" => Ok(Duration::from_secs(n * 3600)),
-        _ => Err(format!("{s:?} is not a duration like 30s, 10m, 1h or 500ms")),
+    let too_long = || format!("{s:?} is longer than a year");
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(too_long)?),
+        "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(too_long)?),
+        _ => return Err(format!("{s:?} is not a duration like 30s, 10m, 1h or 500ms")),
+    };
+    if d > Duration::from_secs(366 * 24 * 3600) {
+        return Err(too_long());
     }
+    Ok(d)
+}
+
+/// Parses a sweep interval: a duration of at least one second (a sweep lists the hub).
+///
+/// # Errors
+/// As [`parse_duration`], or a message for intervals under a second.
+pub fn parse_sweep_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_secs(1) {
+        return Err(format!(
+            "--sweep-interval {s:?} must be at least 1s: every sweep lists the hub"
+        ));
+    }
+    Ok(d)
 }
 
 /// Installs the tracing subscriber (`RUST_LOG` filters, default `info`).
@@ -262,5 +281,12 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert!(parse_duration("ten minutes").is_err());
         assert!(parse_duration("5d").is_err());
+        assert!(
+            parse_duration("99999999999999999h").is_err(),
+            "overflow is an error, not a panic"
+        );
+        assert!(parse_sweep_interval("0").is_err());
+        assert!(parse_sweep_interval("500ms").is_err());
+        assert_eq!(parse_sweep_interval("2s"), Ok(Duration::from_secs(2)));
     }
 }

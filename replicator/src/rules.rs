@@ -357,6 +357,23 @@ pub fn load(path: Option<&Path>) -> Result<Vec<Rule>> {
     for rule in &rules {
         validate(rule)?;
     }
+    // Two rules for one kind would write the same copies under one field manager and undo each
+    // other's writes forever: one rule per kind.
+    for (i, rule) in rules.iter().enumerate() {
+        if let Some(first) = rules[..i]
+            .iter()
+            .find(|r| r.resource.group == rule.resource.group && r.resource.kind == rule.resource.kind)
+        {
+            return Err(invalid(
+                rule,
+                "resource",
+                format!(
+                    "kind {} is already mirrored by rule {:?}; override that rule by name instead",
+                    rule.resource.kind, first.name
+                ),
+            ));
+        }
+    }
     Ok(rules)
 }
 
@@ -591,6 +608,23 @@ rules:
         assert_eq!(
             validate(&r).unwrap_err().to_string(),
             "rule \"subnets\": field plural: must be a lowercase DNS label"
+        );
+    }
+
+    #[test]
+    fn two_rules_for_one_kind_are_refused() {
+        let dir = std::env::temp_dir().join(format!("replicator-rules-dup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("rules.yaml");
+        std::fs::write(
+            &file,
+            "rules:\n  - name: nif-extra\n    resource: {group: networking.datumapis.com, version: v1alpha, kind: NetworkInterface, plural: networkinterfaces}\n    labels: {all: true}\n",
+        )
+        .unwrap();
+        let err = load(Some(&file)).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "rule \"nif-extra\": field resource: kind NetworkInterface is already mirrored by rule \"networkinterfaces\"; override that rule by name instead"
         );
     }
 

@@ -10,7 +10,7 @@
 //!   a read error keeps the copy;
 //! - deletes per pass are capped, and each carries a UID precondition.
 
-use std::{sync::atomic::Ordering, time::Duration};
+use std::time::Duration;
 
 use kube::{
     Api, ResourceExt,
@@ -27,6 +27,9 @@ use crate::{
     rules,
     sync::{CellSync, RuleState},
 };
+
+/// A source watch that failed is trusted again after this long without another error.
+const TRUST_AFTER_ERROR: Duration = Duration::from_secs(60);
 
 /// Sweep settings.
 #[derive(Clone, Copy, Debug)]
@@ -71,7 +74,7 @@ pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) 
     let selector = format!("{}={}", rules::LOCATION_LABEL, location);
     for state in &sync.rules {
         let kind = &state.rule.resource.kind;
-        if !state.sources_listed.load(Ordering::Acquire) || !state.sources_healthy.load(Ordering::Acquire) {
+        if !state.sources_trusted(TRUST_AFTER_ERROR) {
             tracing::warn!(kind = %kind, "sweep skipped: the cell watch is not listed or not healthy");
             report.skipped_rules.push(kind.clone());
             continue;
@@ -147,9 +150,12 @@ pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) 
 
 /// Runs the start-up sweep once every cache has listed, then a sweep every interval.
 pub async fn run(sync: std::sync::Arc<CellSync>, metrics: Metrics, settings: Settings, cancel: CancellationToken) {
+    // The start-up sweep waits for every cache to list, but a kind that never lists (its CRD
+    // missing on the hub) must not stop the sweep of the others: sweep_once skips it.
     tokio::select! {
         () = cancel.cancelled() => return,
         () = sync.wait_listed() => {}
+        () = tokio::time::sleep(Duration::from_secs(60)) => {}
     }
     loop {
         let report = sweep_once(&sync, &metrics, settings).await;

@@ -58,7 +58,7 @@ pub enum ErrorClass {
     Unreachable,
     /// A retryable API answer (409, 429, 5xx, timeouts): retried with exponential backoff.
     Transient,
-    /// 403 (RBAC, or a terminating namespace): Event, metric, slow retry.
+    /// 401 or 403 (a revoked token, RBAC, a terminating namespace): Event, metric, slow retry.
     Forbidden,
     /// 400/422: the hub rejects the copy (e.g. its CRD differs): Event, metric, slow retry.
     Invalid,
@@ -123,7 +123,7 @@ pub fn classify(err: &kube::Error) -> ErrorClass {
         kube::Error::Api(status) => match status.code {
             404 if status.message.contains("namespaces \"") => ErrorClass::NamespaceMissing,
             404 => ErrorClass::Invalid,
-            403 => ErrorClass::Forbidden,
+            401 | 403 => ErrorClass::Forbidden,
             400 | 422 => ErrorClass::Invalid,
             _ => ErrorClass::Transient,
         },
@@ -204,6 +204,8 @@ pub struct RuleState {
     pub sources_healthy: AtomicBool,
     /// The hub copy reflector completed a full list at least once.
     pub copies_listed: AtomicBool,
+    /// Unix seconds of the last source watch error (0: none).
+    pub sources_last_error: std::sync::atomic::AtomicU64,
     tombstones: Mutex<HashSet<(String, String)>>,
     unroutable: Mutex<HashSet<(String, String)>>,
 }
@@ -230,6 +232,7 @@ pub struct CellSync {
     first_seen: Mutex<HashMap<Key, Instant>>,
     attempts: Mutex<HashMap<Key, u32>>,
     reported: Mutex<HashMap<Key, &'static str>>,
+    deferred: Mutex<HashSet<Key>>,
     readiness: watch::Sender<u64>,
     metrics: Metrics,
     health: Health,
@@ -240,6 +243,24 @@ pub struct CellSync {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section is a single map operation, so a poisoned lock is still consistent.
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
+
+impl RuleState {
+    /// Whether the sweep may trust the source cache: listed, and either no watch error since, or
+    /// the last error is `quiet` old (a resumed watch on a quiet cell sends no event to prove it).
+    pub fn sources_trusted(&self, quiet: Duration) -> bool {
+        let last = self.sources_last_error.load(Ordering::Acquire);
+        self.sources_listed.load(Ordering::Acquire)
+            && (self.sources_healthy.load(Ordering::Acquire) || unix_now().saturating_sub(last) >= quiet.as_secs())
+    }
 }
 
 impl CellSync {
@@ -273,6 +294,7 @@ impl CellSync {
                     sources_listed: AtomicBool::new(false),
                     sources_healthy: AtomicBool::new(false),
                     copies_listed: AtomicBool::new(false),
+                    sources_last_error: std::sync::atomic::AtomicU64::new(0),
                     tombstones: Mutex::default(),
                     unroutable: Mutex::default(),
                 };
@@ -302,6 +324,7 @@ impl CellSync {
             first_seen: Mutex::default(),
             attempts: Mutex::default(),
             reported: Mutex::default(),
+            deferred: Mutex::default(),
             readiness: watch::Sender::new(0),
             metrics,
             health,
@@ -344,15 +367,31 @@ impl CellSync {
         tasks.spawn(Arc::clone(&self).watch_namespaces(writers.namespaces, cancel.clone()));
         tasks.spawn(Arc::clone(&self).watch_hub_namespaces(cancel.clone()));
         for _ in 0..self.settings.workers.max(1) {
-            tasks.spawn(Arc::clone(&self).work());
+            tasks.spawn(Arc::clone(&self).work(cancel.clone()));
         }
         cancel.cancelled().await;
         self.queue.close();
         while tasks.join_next().await.is_some() {}
     }
 
+    /// Queues the keys parked while their kind's caches had not listed, for kinds that have now.
+    fn release_deferred(&self) {
+        let ready: Vec<Key> = {
+            let mut deferred = lock(&self.deferred);
+            let ready: Vec<Key> = deferred.iter().filter(|k| self.is_listed(k.rule)).cloned().collect();
+            for k in &ready {
+                deferred.remove(k);
+            }
+            ready
+        };
+        for key in ready {
+            self.queue.add(key);
+        }
+    }
+
     fn bump_readiness(&self) {
         self.readiness.send_modify(|v| *v = v.wrapping_add(1));
+        self.release_deferred();
         let problems: Vec<String> = self
             .rules
             .iter()
@@ -422,6 +461,7 @@ impl CellSync {
             match next {
                 Err(err) => {
                     state.sources_healthy.store(false, Ordering::Release);
+                    state.sources_last_error.store(unix_now(), Ordering::Release);
                     self.metrics.source_up.get_or_create(&state.labels).set(0);
                     self.count_error(state, ErrorClass::Transient);
                     tracing::warn!(parent: &span, error = %err, "cell watch failed; retrying with backoff");
@@ -429,6 +469,14 @@ impl CellSync {
                 Ok(event) => {
                     let event = event.modify(|o| o.managed_fields_mut().clear());
                     writer.apply_watcher_event(&event);
+                    // An event after an error means the watch resumed (a resumed watch does not
+                    // relist, so InitDone alone would leave the kind unhealthy forever).
+                    if state.sources_listed.load(Ordering::Acquire)
+                        && !matches!(event, Event::Init | Event::InitApply(_))
+                        && !state.sources_healthy.swap(true, Ordering::AcqRel)
+                    {
+                        self.metrics.source_up.get_or_create(&state.labels).set(1);
+                    }
                     match &event {
                         Event::Init => {
                             before_relist = if state.sources_listed.load(Ordering::Acquire) {
@@ -499,6 +547,7 @@ impl CellSync {
             watcher::Config::default().labels(&format!("{}={}", rules::LOCATION_LABEL, self.settings.location));
         let mut stream = watcher::watcher(api, config).default_backoff().boxed();
         let mut relisting: Vec<Key> = Vec::new();
+        let mut before_relist: HashSet<Key> = HashSet::new();
         loop {
             let next = tokio::select! {
                 () = cancel.cancelled() => return,
@@ -523,10 +572,27 @@ impl CellSync {
                     let event = event.modify(|o| o.managed_fields_mut().clear());
                     writer.apply_watcher_event(&event);
                     match &event {
-                        Event::Init => relisting.clear(),
+                        Event::Init => {
+                            relisting.clear();
+                            // Copies deleted on the hub during a watch gap vanish from the relist
+                            // without a Delete event: remember what was there to repair them.
+                            before_relist = if state.copies_listed.load(Ordering::Acquire) {
+                                state
+                                    .copies
+                                    .state()
+                                    .iter()
+                                    .filter_map(|c| self.source_key_of_copy(i, c))
+                                    .collect()
+                            } else {
+                                HashSet::new()
+                            };
+                        }
                         Event::InitApply(o) => relisting.extend(self.source_key_of_copy(i, o)),
                         Event::InitDone => {
-                            for key in relisting.drain(..) {
+                            for key in &relisting {
+                                before_relist.remove(key);
+                            }
+                            for key in relisting.drain(..).chain(before_relist.drain()) {
                                 self.queue.add(key);
                             }
                             state.copies_listed.store(true, Ordering::Release);
@@ -670,11 +736,24 @@ impl CellSync {
         })
     }
 
-    async fn work(self: Arc<Self>) {
+    async fn work(self: Arc<Self>, cancel: CancellationToken) {
         while let Some(key) = self.queue.next().await {
-            let mut rx = self.readiness.subscribe();
-            let _ = rx.wait_for(|_| self.is_listed(key.rule)).await;
-            self.hub_health.wait_up().await;
+            // A kind whose caches have not listed yet (say its CRD is missing on the hub) must not
+            // park the worker: its key comes back later and other kinds keep flowing.
+            if !self.is_listed(key.rule) {
+                lock(&self.deferred).insert(key.clone());
+                self.queue.done(&key);
+                // The caches may have listed between the check and the insert.
+                if self.is_listed(key.rule) {
+                    self.release_deferred();
+                }
+                continue;
+            }
+            // While the hub is away, wait for it (or for shutdown) instead of failing every key.
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = self.hub_health.wait_up() => {}
+            }
             let state = &self.rules[key.rule];
             let span = tracing::info_span!(
                 "sync",
@@ -683,13 +762,25 @@ impl CellSync {
                 namespace = %key.namespace,
                 name = %key.name
             );
-            let result = self.process(&key).instrument(span.clone()).await;
-            match result {
-                Ok(()) => {
+            // A bug must cost one key, not a worker: a panic is logged and counted, and the key
+            // is retried like any failure.
+            let pass = std::panic::AssertUnwindSafe(self.process(&key).instrument(span.clone()));
+            match futures::FutureExt::catch_unwind(pass).await {
+                Ok(Ok(())) => {
                     lock(&self.attempts).remove(&key);
                     lock(&self.reported).remove(&key);
                 }
-                Err(err) => self.handle_error(&key, &err, &span).await,
+                Ok(Err(err)) => self.handle_error(&key, &err, &span).await,
+                Err(panic) => {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    tracing::error!(parent: &span, panic = %what, "sync pass panicked; retrying the key");
+                    self.count_error(state, ErrorClass::Transient);
+                    self.queue.add_after(key.clone(), Duration::from_secs(30));
+                }
             }
             self.queue.done(&key);
         }
@@ -751,8 +842,14 @@ impl CellSync {
             return;
         };
         let reference = source.object_ref(&state.resource);
-        let mut note = note.to_owned();
-        note.truncate(1000);
+        // Event notes are limited to 1 kB; cut on a character boundary (notes quote source data).
+        let note: String = note
+            .chars()
+            .scan(0, |bytes, c| {
+                *bytes += c.len_utf8();
+                (*bytes <= 1000).then_some(c)
+            })
+            .collect();
         let event = KubeEvent {
             type_,
             reason: reason.into(),
@@ -992,6 +1089,11 @@ mod tests {
         assert_eq!(classify(&missing_ns), ErrorClass::NamespaceMissing);
         assert_eq!(classify(&api(404)), ErrorClass::Invalid);
         assert_eq!(classify(&api(403)), ErrorClass::Forbidden);
+        assert_eq!(
+            classify(&api(401)),
+            ErrorClass::Forbidden,
+            "a revoked token retries slowly"
+        );
         assert_eq!(classify(&api(422)), ErrorClass::Invalid);
         assert_eq!(classify(&api(409)), ErrorClass::Transient);
         assert_eq!(classify(&api(503)), ErrorClass::Transient);
