@@ -276,6 +276,79 @@ async fn main() -> anyhow::Result<()> {
             endpoints.join(" ")
         );
     }
+
+    println!("\n== applying policies/policies.yaml: Karmada carries the copies on");
+    let policies = replicator_e2e::paths::workspace_root()
+        .join("policies")
+        .join("policies.yaml");
+    env.kubectl_ok(
+        HUB,
+        [
+            "apply",
+            "--server-side",
+            "--field-manager=replicator-demo",
+            "-f",
+            &policies.display().to_string(),
+        ],
+    )
+    .await?;
+    let (ctx, es) = (
+        fixtures::resource("networkcontexts")?,
+        fixtures::resource("endpointslices")?,
+    );
+    for member in [CELL_A, CELL_B, Cluster::Edge1] {
+        let client = env.client(member).await?;
+        fixtures::wait_for(
+            &client,
+            &es,
+            NAMESPACE,
+            "web-http",
+            Duration::from_secs(60),
+            "service slice delivered",
+            |_| true,
+        )
+        .await?;
+        if let Some(location) = member.location() {
+            let context = copy_name(NAMESPACE, &format!("default-{location}"), location);
+            fixtures::wait_for(
+                &client,
+                &ctx,
+                NAMESPACE,
+                &context,
+                Duration::from_secs(60),
+                "context delivered",
+                |_| true,
+            )
+            .await?;
+        }
+    }
+    println!("| member | EndpointSlices delivered | NetworkContexts delivered |\n|---|---|---|");
+    for member in [CELL_A, CELL_B, Cluster::Edge1] {
+        let client = env.client(member).await?;
+        let managed = kube::api::ListParams::default().labels("karmada.io/managed");
+        let names = |list: kube::core::ObjectList<kube::api::DynamicObject>| {
+            list.items
+                .iter()
+                .map(ResourceExt::name_any)
+                .filter(|n| n.len() <= 40)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let slices = Api::<kube::api::DynamicObject>::namespaced_with(client.clone(), NAMESPACE, &es)
+            .list(&managed)
+            .await?;
+        let contexts = Api::<kube::api::DynamicObject>::namespaced_with(client, NAMESPACE, &ctx)
+            .list(&managed)
+            .await?;
+        println!(
+            "| {} | {} ({}) | {} ({}) |",
+            member.name(),
+            slices.items.len(),
+            names(slices.clone()),
+            contexts.items.len(),
+            names(contexts.clone())
+        );
+    }
     membership.terminate(Duration::from_secs(10)).await?;
 
     println!("\nReplicators:");
