@@ -1,6 +1,6 @@
 //! Command-line interface and wiring: `replicator run` and `replicator crds`.
 
-use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use prometheus_client::registry::Registry;
@@ -65,12 +65,9 @@ pub struct RunArgs {
     /// and reports not-ready.
     #[arg(long, env = "REPLICATOR_HUB_KUBECONFIG")]
     pub hub_kubeconfig: PathBuf,
-    /// Address serving /metrics.
-    #[arg(long, default_value = "0.0.0.0:8080")]
-    pub metrics_bind_address: SocketAddr,
-    /// Address serving /healthz and /readyz.
-    #[arg(long, default_value = "0.0.0.0:8081")]
-    pub health_probe_bind_address: SocketAddr,
+    /// Metrics and probe addresses.
+    #[command(flatten)]
+    pub serve: crate::http::ServeArgs,
     /// Time between sweeps of copies whose source is gone (jittered ±10 %), e.g. 10m, 30s.
     #[arg(long, default_value = "10m", value_parser = parse_sweep_interval)]
     pub sweep_interval: Duration,
@@ -169,13 +166,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     metrics.hub_up.get_or_create(&location_labels).set(0);
 
-    let mut servers = tokio::task::JoinSet::new();
-    servers.spawn(http::serve_metrics(args.metrics_bind_address, registry, cancel.clone()));
-    servers.spawn(http::serve_probes(
-        args.health_probe_bind_address,
-        health.clone(),
-        cancel.clone(),
-    ));
+    let mut servers = http::spawn(&args.serve, registry, health.clone(), &cancel);
 
     let cell = cluster::cell_client(args.cell_kubeconfig.as_deref()).await?;
     let hub = {

@@ -8,6 +8,30 @@ use tokio_util::sync::CancellationToken;
 
 use crate::health::Health;
 
+/// Flags of the metrics and probe servers, shared by every subcommand that runs a controller.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Address serving /metrics.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_bind_address: SocketAddr,
+    /// Address serving /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    pub health_probe_bind_address: SocketAddr,
+}
+
+/// Starts the metrics and probe servers; each task ends when `cancel` fires or it fails.
+pub fn spawn(
+    args: &ServeArgs,
+    registry: Arc<Registry>,
+    health: Health,
+    cancel: &CancellationToken,
+) -> tokio::task::JoinSet<Result<(), Error>> {
+    let mut servers = tokio::task::JoinSet::new();
+    servers.spawn(serve_metrics(args.metrics_bind_address, registry, cancel.clone()));
+    servers.spawn(serve_probes(args.health_probe_bind_address, health, cancel.clone()));
+    servers
+}
+
 /// Errors serving HTTP.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

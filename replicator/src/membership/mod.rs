@@ -13,7 +13,6 @@ pub mod rollup;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    net::SocketAddr,
     path::PathBuf,
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
@@ -60,12 +59,9 @@ pub struct MembershipArgs {
     /// Kubeconfig of the hub (required); waited for while missing or empty.
     #[arg(long, env = "REPLICATOR_HUB_KUBECONFIG")]
     pub hub_kubeconfig: PathBuf,
-    /// Address serving /metrics.
-    #[arg(long, default_value = "0.0.0.0:8080")]
-    pub metrics_bind_address: SocketAddr,
-    /// Address serving /healthz and /readyz.
-    #[arg(long, default_value = "0.0.0.0:8081")]
-    pub health_probe_bind_address: SocketAddr,
+    /// Metrics and probe addresses.
+    #[command(flatten)]
+    pub serve: crate::http::ServeArgs,
     /// Concurrent service workers.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
@@ -468,13 +464,7 @@ pub async fn run(args: MembershipArgs) -> anyhow::Result<()> {
         "hub",
         format!("waiting for hub kubeconfig {}", args.hub_kubeconfig.display()),
     );
-    let mut servers = tokio::task::JoinSet::new();
-    servers.spawn(http::serve_metrics(args.metrics_bind_address, registry, cancel.clone()));
-    servers.spawn(http::serve_probes(
-        args.health_probe_bind_address,
-        health.clone(),
-        cancel.clone(),
-    ));
+    let mut servers = http::spawn(&args.serve, registry, health.clone(), &cancel);
 
     let hub = {
         let health = health.clone();
