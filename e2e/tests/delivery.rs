@@ -87,6 +87,27 @@ async fn a_galactic_slice_reaches_every_gateway_and_is_never_mirrored_back() -> 
     );
     fixtures::apply(&cell_a, &es, &source).await?;
     let copy = copy_name(&ns, "pod-a", "dfw");
+    // A 250-character pod name: its hashed copy name still leaves Karmada room to name the binding.
+    let long = format!("{}-tail", "p".repeat(245));
+    fixtures::apply(
+        &cell_a,
+        &es,
+        &fixtures::galactic_slice(&ns, &long, json!([fixtures::pod_endpoint("fd20::c", "l")]), Some(sid)),
+    )
+    .await?;
+    let long_copy = copy_name(&ns, &long, "dfw");
+    fixtures::wait_for(
+        &env.client(EDGE_1).await?,
+        &es,
+        &ns,
+        &long_copy,
+        DELIVER,
+        "long-named copy on edge-1",
+        |_| true,
+    )
+    .await?;
+    fixtures::delete(&cell_a, &es, &ns, &long).await?;
+    fixtures::wait_gone(&env.client(EDGE_1).await?, &es, &ns, &long_copy, DELIVER).await?;
 
     for member in [HUB, EDGE_1, CELL_B, CELL_A] {
         let client = env.client(member).await?;

@@ -29,8 +29,11 @@ pub const SOURCE_UID_ANNOTATION: &str = "replicator.datumapis.com/source-uid";
 /// Annotation on every copy: hash of the desired content; a write that would change nothing is
 /// skipped.
 pub const CONTENT_HASH_ANNOTATION: &str = "replicator.datumapis.com/content-hash";
-/// Object name limit of every mirrored kind (DNS subdomain).
-pub const MAX_NAME_LEN: usize = 253;
+/// Longest copy name: the DNS-subdomain limit (253) less 32 characters for the suffix Karmada
+/// appends to name a copy's ResourceBinding (`<copy>-<kind, lowercased>`, which must fit 253
+/// too: a 244-character EndpointSlice copy was refused propagation with "must be no more than
+/// 253 characters"). Covers kinds of up to 31 characters.
+pub const MAX_NAME_LEN: usize = 253 - 32;
 /// Hex digits of the name hash inserted into shortened copy names.
 const NAME_HASH_LEN: usize = 16;
 
@@ -82,7 +85,7 @@ pub struct Desired {
 
 /// The copy name for source `namespace/name` published by `location` (DESIGN §4).
 ///
-/// `<name>-<location>` when that fits in 253 characters; otherwise the source part is cut and a
+/// `<name>-<location>` when that fits in [`MAX_NAME_LEN`] (221) characters; otherwise the source part is cut and a
 /// 16-hex-digit SHA-256 of `location/namespace/name` is inserted: `<cut>-<hash>-<location>`.
 /// Depends only on immutable identity, never on labels. `location` is a DNS label (≤ 63).
 pub fn copy_name(namespace: &str, name: &str, location: &str) -> String {
@@ -604,15 +607,19 @@ mod tests {
     }
 
     #[test]
-    fn copy_names_are_suffixed_and_hashed_past_253() {
+    fn copy_names_are_suffixed_and_hashed_past_the_limit() {
         assert_eq!(copy_name("ns", "pod-a", "dfw"), "pod-a-dfw");
-        let exact = "a".repeat(249);
+        let exact = "a".repeat(MAX_NAME_LEN - 4);
         assert_eq!(copy_name("ns", &exact, "dfw"), format!("{exact}-dfw"));
         let long = format!("{}-{}", "a".repeat(200), "b".repeat(48));
         let long = format!("{long}x");
         assert_eq!(long.len(), 250);
         let n = copy_name("ns", &long, "dfw");
-        assert!(n.len() <= MAX_NAME_LEN, "{}", n.len());
+        assert_eq!(n.len(), MAX_NAME_LEN);
+        assert!(
+            n.len() + "-networkinterface".len() <= 253,
+            "Karmada's binding name fits"
+        );
         assert!(n.ends_with("-dfw"));
         assert_eq!(n, copy_name("ns", &long, "dfw"), "stable");
         assert_ne!(n, copy_name("ns2", &long, "dfw"), "namespace is part of the hash");

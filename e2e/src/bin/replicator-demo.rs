@@ -128,7 +128,7 @@ fn rss_kib(pid: u32) -> (u64, u64) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let started = std::time::Instant::now();
-    println!("== bringing up the local control plane (etcd, kube-apiservers hub, cell-a, cell-b)");
+    println!("== bringing up the local control plane (etcd; kube-apiservers hub, cell-a, cell-b, edge-1; Karmada)");
     let env = Environment::ensure_up().await?;
     println!(
         "   {} in {:.1}s",
@@ -370,22 +370,22 @@ async fn main() -> anyhow::Result<()> {
                     })
                     .sum::<f64>()
             })
-            .sum();
+            .sum::<f64>()
+            + 0.0; // an empty sum is -0.0
         println!(
-            "  {}: pid {}, RSS {} KiB (peak {} KiB), {writes} hub writes, metrics {}",
+            "  {}: pid {}, RSS {} KiB (peak {} KiB), {writes} hub writes (the replicators stop when the demo ends)",
             r.location(),
             r.pid(),
             rss,
             hwm,
-            r.metrics_url()
         );
     }
     println!("\nLook for yourself:");
     println!(
-        "  kubectl --kubeconfig {} get networkinterfaces,endpointslices -n {NAMESPACE} -L replicator.datumapis.com/location",
+        "  ~/.cache/replicator/bin/kubernetes-v1.35.4/kubectl --kubeconfig {} get networkinterfaces,endpointslices -n {NAMESPACE} -L replicator.datumapis.com/location",
         env.kubeconfig_path(HUB).display()
     );
-    println!("Stop the environment: cargo run -p replicator-e2e --bin replicator-env -- down");
+    println!("Stop the environment: target/debug/replicator-env down");
     for mut r in replicators {
         r.terminate(Duration::from_secs(10)).await?;
     }
