@@ -169,13 +169,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut servers = http::spawn(&args.serve, registry, health.clone(), &cancel);
 
     let cell = cluster::cell_client(args.cell_kubeconfig.as_deref()).await?;
-    let hub = {
-        let health = health.clone();
-        cluster::wait_for_hub_client(&args.hub_kubeconfig, Duration::from_secs(2), &cancel, move |err| {
-            health.set("hub", err.to_string());
-        })
-        .await
-    };
+    let hub = cluster::wait_for_hub_client(&args.hub_kubeconfig, Duration::from_secs(2), &cancel, &health).await;
     let Some(hub) = hub else { return Ok(()) };
     health.clear("hub");
     tracing::info!(location = %args.location, rules = rules.len(), "hub kubeconfig loaded; starting");

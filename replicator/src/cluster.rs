@@ -74,13 +74,13 @@ pub async fn cell_client(path: Option<&Path>) -> Result<Client, Error> {
 
 /// Waits until the hub kubeconfig at `path` yields a client, retrying every `every`.
 ///
-/// Every failed attempt is logged once per distinct message and reported through `on_wait`
-/// (which readiness shows). Returns `None` if `cancel` fires first.
+/// Every failed attempt is logged once per distinct message and shown by readiness as the `hub`
+/// problem of `health`. Returns `None` if `cancel` fires first.
 pub async fn wait_for_hub_client(
     path: &Path,
     every: Duration,
     cancel: &CancellationToken,
-    mut on_wait: impl FnMut(&Error),
+    health: &crate::health::Health,
 ) -> Option<Client> {
     let mut last = String::new();
     loop {
@@ -88,11 +88,11 @@ pub async fn wait_for_hub_client(
             Ok(client) => return Some(client),
             Err(err) => {
                 let msg = err.to_string();
+                health.set("hub", msg.clone());
                 if msg != last {
                     tracing::warn!(error = %msg, "waiting for the hub kubeconfig");
                     last = msg;
                 }
-                on_wait(&err);
             }
         }
         tokio::select! {

@@ -466,13 +466,7 @@ pub async fn run(args: MembershipArgs) -> anyhow::Result<()> {
     );
     let mut servers = http::spawn(&args.serve, registry, health.clone(), &cancel);
 
-    let hub = {
-        let health = health.clone();
-        cluster::wait_for_hub_client(&args.hub_kubeconfig, Duration::from_secs(2), &cancel, move |err| {
-            health.set("hub", err.to_string());
-        })
-        .await
-    };
+    let hub = cluster::wait_for_hub_client(&args.hub_kubeconfig, Duration::from_secs(2), &cancel, &health).await;
     let Some(hub) = hub else { return Ok(()) };
     health.set("hub", "initial list pending");
 
