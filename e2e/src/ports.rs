@@ -99,9 +99,10 @@ impl Default for Ports {
 }
 
 impl Ports {
-    /// The defaults, each overridden by its environment variable when set.
+    /// The defaults shifted by `$REPLICATOR_PORT_OFFSET` (0 when unset), each overridden by its
+    /// environment variable when set. The offset lets a second environment run beside the first.
     pub fn from_env() -> Result<Ports> {
-        let d = Ports::default();
+        let d = Ports::default().shifted(port_offset()?)?;
         let ports = Ports {
             etcd_client: port_var("REPLICATOR_ETCD_PORT", d.etcd_client)?,
             etcd_peer: port_var("REPLICATOR_ETCD_PEER_PORT", d.etcd_peer)?,
@@ -133,6 +134,34 @@ impl Ports {
         };
         ports.check_distinct()?;
         Ok(ports)
+    }
+
+    /// Every port plus `offset`.
+    ///
+    /// # Errors
+    /// A port would pass 65535.
+    pub fn shifted(self, offset: u16) -> Result<Ports> {
+        let add = |p: u16| {
+            p.checked_add(offset)
+                .ok_or_else(|| Error::Config(format!("REPLICATOR_PORT_OFFSET={offset} moves port {p} past 65535")))
+        };
+        Ok(Ports {
+            etcd_client: add(self.etcd_client)?,
+            etcd_peer: add(self.etcd_peer)?,
+            hub: add(self.hub)?,
+            cell_a: add(self.cell_a)?,
+            cell_b: add(self.cell_b)?,
+            edge_1: add(self.edge_1)?,
+            controller_manager: add(self.controller_manager)?,
+            karmada_aggregated_apiserver: add(self.karmada_aggregated_apiserver)?,
+            karmada_webhook: add(self.karmada_webhook)?,
+            karmada_webhook_metrics: add(self.karmada_webhook_metrics)?,
+            karmada_webhook_health: add(self.karmada_webhook_health)?,
+            karmada_controller_manager_metrics: add(self.karmada_controller_manager_metrics)?,
+            karmada_controller_manager_health: add(self.karmada_controller_manager_health)?,
+            karmada_scheduler_metrics: add(self.karmada_scheduler_metrics)?,
+            karmada_scheduler_health: add(self.karmada_scheduler_health)?,
+        })
     }
 
     /// Fails if two components are configured to use the same port.
@@ -186,6 +215,17 @@ impl Ports {
     }
 }
 
+/// `$REPLICATOR_PORT_OFFSET`: added to every default port (0 when unset).
+fn port_offset() -> Result<u16> {
+    match non_empty_var("REPLICATOR_PORT_OFFSET") {
+        None => Ok(0),
+        Some(value) => value
+            .to_str()
+            .and_then(|text| text.parse::<u16>().ok())
+            .ok_or_else(|| Error::Config(format!("REPLICATOR_PORT_OFFSET={value:?} is not a number"))),
+    }
+}
+
 fn port_var(name: &str, default: u16) -> Result<u16> {
     match non_empty_var(name) {
         None => Ok(default),
@@ -204,6 +244,17 @@ mod tests {
     #[test]
     fn defaults_are_distinct() -> anyhow::Result<()> {
         Ports::default().check_distinct()?;
+        Ok(())
+    }
+
+    #[test]
+    fn an_offset_moves_every_port_and_overflow_is_an_error() -> anyhow::Result<()> {
+        let moved = Ports::default().shifted(100)?;
+        assert_eq!(moved.hub, HUB_PORT + 100);
+        assert_eq!(moved.etcd_client, ETCD_CLIENT_PORT + 100);
+        assert_eq!(moved.karmada_scheduler_health, KARMADA_SCHEDULER_HEALTH_PORT + 100);
+        moved.check_distinct()?;
+        assert!(Ports::default().shifted(60000).is_err());
         Ok(())
     }
 
