@@ -8,10 +8,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     cluster::{self, HubHealth},
+    election,
     health::Health,
     http,
     metrics::{LocationLabels, Metrics},
-    rules, sweep,
+    outage, rules, sweep,
     sync::{CellSync, Settings},
 };
 
@@ -27,8 +28,8 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Mirror one cell onto the hub (one deployment per cell).
-    Run(RunArgs),
+    /// Mirror cells onto the hub (one deployment per cell, or one process for several).
+    Run(Box<RunArgs>),
     /// Resolve NetworkService membership on the hub: status and EndpointSlices (run once).
     Membership(crate::membership::MembershipArgs),
     /// Print the project's CRDs as YAML (the content of config/crds/).
@@ -55,12 +56,21 @@ pub enum LogFormat {
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// This cell's location: the copy name suffix and the value of the location label
-    /// (a DNS label, at most 63 characters).
-    #[arg(long, env = "REPLICATOR_LOCATION")]
-    pub location: String,
+    /// (a DNS label, at most 63 characters). Use `--cell` instead to serve several cells.
+    #[arg(
+        long,
+        env = "REPLICATOR_LOCATION",
+        required_unless_present = "cells",
+        conflicts_with = "cells"
+    )]
+    pub location: Option<String>,
     /// Kubeconfig of the cell; the in-cluster service account when absent.
-    #[arg(long, env = "REPLICATOR_CELL_KUBECONFIG")]
+    #[arg(long, env = "REPLICATOR_CELL_KUBECONFIG", conflicts_with = "cells")]
     pub cell_kubeconfig: Option<PathBuf>,
+    /// A cell this process serves, as LOCATION=KUBECONFIG (repeat for each; one client each,
+    /// one Lease each). Replaces --location and --cell-kubeconfig.
+    #[arg(long = "cell", id = "cells", value_parser = parse_cell)]
+    pub cells: Vec<CellArg>,
     /// Kubeconfig of the hub (required). While the file is missing or empty the process waits
     /// and reports not-ready.
     #[arg(long, env = "REPLICATOR_HUB_KUBECONFIG")]
@@ -77,12 +87,138 @@ pub struct RunArgs {
     /// YAML file adding or overriding rules (see README, "Rules").
     #[arg(long, env = "REPLICATOR_RULES")]
     pub rules: Option<PathBuf>,
-    /// Concurrent hub writers.
+    /// Concurrent hub writers (per cell).
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
+    /// Elect one writer per location on a hub Lease (`replicator-<location>`); with `false` this
+    /// process writes unconditionally (run exactly one replica per location then).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "REPLICATOR_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// Namespace of the Leases on the hub (created by config/rbac/hub).
+    #[arg(long, default_value = "replicator-system", env = "REPLICATOR_LEASE_NAMESPACE")]
+    pub lease_namespace: String,
+    /// How long a Lease stays valid without renewal: a killed leader is replaced within this.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+    /// How long before expiry the leader renews (below --lease-duration).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub lease_grace: Duration,
+    /// This replica's identity in the Lease; `$POD_NAME` (else the host name) and the pid when
+    /// absent.
+    #[arg(long, env = "REPLICATOR_IDENTITY")]
+    pub identity: Option<String>,
+    /// Withdraw a cell's copies from the hub once the cell has been unreachable this long, as
+    /// DURATION (every cell) or LOCATION=DURATION (one cell; repeat). Unset: copies are kept
+    /// through any outage.
+    #[arg(long, value_parser = parse_withdraw)]
+    pub withdraw_unreachable_after: Vec<(Option<String>, Duration)>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text", env = "REPLICATOR_LOG_FORMAT")]
     pub log_format: LogFormat,
+}
+
+/// One `--cell LOCATION=KUBECONFIG`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CellArg {
+    /// The cell's location (a DNS label).
+    pub location: String,
+    /// Its kubeconfig.
+    pub kubeconfig: PathBuf,
+}
+
+/// Parses `LOCATION=KUBECONFIG`.
+///
+/// # Errors
+/// A message when the `=` is missing, the location is not a DNS label or the path is empty.
+pub fn parse_cell(s: &str) -> Result<CellArg, String> {
+    let (location, path) = s
+        .split_once('=')
+        .ok_or_else(|| format!("--cell {s:?} must be LOCATION=KUBECONFIG"))?;
+    if !rules::is_dns_label(location) {
+        return Err(format!(
+            "--cell {s:?}: location {location:?} must be a DNS label (lowercase letters, digits, '-', at most 63)"
+        ));
+    }
+    if path.is_empty() {
+        return Err(format!("--cell {s:?}: the kubeconfig path is empty"));
+    }
+    Ok(CellArg {
+        location: location.to_owned(),
+        kubeconfig: PathBuf::from(path),
+    })
+}
+
+/// Parses `DURATION` or `LOCATION=DURATION` of `--withdraw-unreachable-after`.
+///
+/// # Errors
+/// As [`parse_duration`], a location that is not a DNS label, or a grace under 10 s (a probe
+/// runs every 2 s; a shorter grace withdraws on a blip).
+pub fn parse_withdraw(s: &str) -> Result<(Option<String>, Duration), String> {
+    let (location, duration) = match s.split_once('=') {
+        Some((l, d)) => {
+            if !rules::is_dns_label(l) {
+                return Err(format!("--withdraw-unreachable-after {s:?}: {l:?} is not a location"));
+            }
+            (Some(l.to_owned()), d)
+        }
+        None => (None, s),
+    };
+    let d = parse_duration(duration)?;
+    if d < Duration::from_secs(10) {
+        return Err(format!("--withdraw-unreachable-after {s:?} must be at least 10s"));
+    }
+    Ok((location, d))
+}
+
+/// The cells of `args`: `--cell` entries, or the single `--location` (with `--cell-kubeconfig`,
+/// `None` meaning in-cluster).
+///
+/// # Errors
+/// A location that is not a DNS label or is given twice; a `--withdraw-unreachable-after` naming
+/// a location that is not served.
+pub fn cells(args: &RunArgs) -> anyhow::Result<Vec<(String, Option<PathBuf>, outage::Policy)>> {
+    let mut cells: Vec<(String, Option<PathBuf>)> = match &args.location {
+        Some(location) => vec![(location.clone(), args.cell_kubeconfig.clone())],
+        None => args
+            .cells
+            .iter()
+            .map(|c| (c.location.clone(), Some(c.kubeconfig.clone())))
+            .collect(),
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for (location, _) in &cells {
+        if !rules::is_dns_label(location) {
+            anyhow::bail!("--location {location:?} must be a DNS label (lowercase letters, digits, '-', at most 63)");
+        }
+        if !seen.insert(location.clone()) {
+            anyhow::bail!("location {location:?} is given twice: each location is one cell");
+        }
+    }
+    for (location, _) in &args.withdraw_unreachable_after {
+        if let Some(l) = location
+            && !seen.contains(l)
+        {
+            anyhow::bail!("--withdraw-unreachable-after names {l:?}, which this process does not serve");
+        }
+    }
+    let policy = |location: &str| {
+        let specific = args
+            .withdraw_unreachable_after
+            .iter()
+            .rev()
+            .find(|(l, _)| l.as_deref() == Some(location));
+        let general = args.withdraw_unreachable_after.iter().rev().find(|(l, _)| l.is_none());
+        specific
+            .or(general)
+            .map_or(outage::Policy::Keep, |(_, d)| outage::Policy::WithdrawAfter(*d))
+    };
+    Ok(cells
+        .drain(..)
+        .map(|(location, path)| {
+            let p = policy(&location);
+            (location, path, p)
+        })
+        .collect())
 }
 
 /// Parses `90s`, `10m`, `1h`, `500ms` or a bare number of seconds.
@@ -138,16 +274,16 @@ pub fn init_tracing(format: LogFormat) {
     }
 }
 
-/// Runs `replicator run` until SIGTERM or SIGINT.
+/// Runs `replicator run` until SIGTERM or SIGINT: for each cell, reflectors, queue and writers
+/// (gated by the location's Lease), the sweep and the reachability probe; shared: the hub client,
+/// its health prober, metrics and probes.
 ///
 /// # Errors
 /// Invalid flags or rules, a cell client that cannot be built, or an unbindable address.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    if !rules::is_dns_label(&args.location) {
-        anyhow::bail!(
-            "--location {:?} must be a DNS label (lowercase letters, digits, '-', at most 63)",
-            args.location
-        );
+    let cells = cells(&args)?;
+    if args.leader_elect {
+        election::check_timing(args.lease_duration, args.lease_grace).map_err(anyhow::Error::msg)?;
     }
     let rules = rules::load(args.rules.as_deref())?;
     let cancel = CancellationToken::new();
@@ -157,22 +293,41 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let metrics = Metrics::register(&mut registry);
     let registry = Arc::new(registry);
     let health = Health::default();
-    let location_labels = LocationLabels {
-        location: args.location.clone(),
-    };
+    let locations: Vec<LocationLabels> = cells
+        .iter()
+        .map(|(location, _, _)| LocationLabels {
+            location: location.clone(),
+        })
+        .collect();
     health.set(
         "hub",
         format!("waiting for hub kubeconfig {}", args.hub_kubeconfig.display()),
     );
-    metrics.hub_up.get_or_create(&location_labels).set(0);
+    for labels in &locations {
+        metrics.hub_up.get_or_create(labels).set(0);
+        metrics.leader.get_or_create(labels).set(0);
+    }
 
     let mut servers = http::spawn(&args.serve, registry, health.clone(), &cancel);
 
-    let cell = cluster::cell_client(args.cell_kubeconfig.as_deref()).await?;
+    let mut clients = Vec::new();
+    for (location, path, policy) in cells {
+        let client = cluster::cell_client(path.as_deref())
+            .await
+            .map_err(|err| anyhow::anyhow!("cell {location}: {err}"))?;
+        clients.push((location, client, policy));
+    }
     let hub = cluster::wait_for_hub_client(&args.hub_kubeconfig, Duration::from_secs(2), &cancel, &health).await;
     let Some(hub) = hub else { return Ok(()) };
     health.clear("hub");
-    tracing::info!(location = %args.location, rules = rules.len(), "hub kubeconfig loaded; starting");
+    let identity = args.identity.clone().unwrap_or_else(election::default_identity);
+    tracing::info!(
+        locations = ?clients.iter().map(|(l, _, _)| l.as_str()).collect::<Vec<_>>(),
+        rules = rules.len(),
+        leader_elect = args.leader_elect,
+        identity = %identity,
+        "hub kubeconfig loaded; starting"
+    );
 
     let hub_health = HubHealth::new();
     let mut tasks = tokio::task::JoinSet::new();
@@ -184,11 +339,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             health.clone(),
             metrics.clone(),
         );
-        let labels = location_labels.clone();
         tasks.spawn(async move {
             hub_health
                 .probe(hub, Duration::from_secs(1), cancel, move |up| {
-                    metrics.hub_up.get_or_create(&labels).set(i64::from(up));
+                    for labels in &locations {
+                        metrics.hub_up.get_or_create(labels).set(i64::from(up));
+                    }
                     if up {
                         health.clear("hub")
                     } else {
@@ -198,22 +354,50 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 .await;
         });
     }
-    let settings = Settings {
-        location: args.location.clone(),
-        workers: args.workers,
-    };
-    let (sync, writers) = CellSync::new(settings, rules, cell, hub, hub_health, metrics.clone(), health.clone());
-    sync.set_leader(true);
-    tasks.spawn(Arc::clone(&sync).run(writers, cancel.clone()));
-    tasks.spawn(sweep::run(
-        Arc::clone(&sync),
-        metrics,
-        sweep::Settings {
-            interval: args.sweep_interval,
-            max_deletes: args.sweep_max_deletes,
-        },
-        cancel.clone(),
-    ));
+    for (location, cell, policy) in clients {
+        let settings = Settings {
+            location: location.clone(),
+            workers: args.workers,
+        };
+        let (sync, writers) = CellSync::new(
+            settings,
+            rules.clone(),
+            cell,
+            hub.clone(),
+            hub_health.clone(),
+            metrics.clone(),
+            health.clone(),
+        );
+        if args.leader_elect {
+            let election = election::Settings {
+                namespace: args.lease_namespace.clone(),
+                identity: identity.clone(),
+                duration: args.lease_duration,
+                grace: args.lease_grace,
+            };
+            let sync = Arc::clone(&sync);
+            tasks.spawn(election::run(
+                hub.clone(),
+                location,
+                election,
+                cancel.clone(),
+                move |leading| sync.set_leader(leading),
+            ));
+        } else {
+            sync.set_leader(true);
+        }
+        tasks.spawn(Arc::clone(&sync).run(writers, cancel.clone()));
+        tasks.spawn(outage::run(Arc::clone(&sync), policy, health.clone(), cancel.clone()));
+        tasks.spawn(sweep::run(
+            sync,
+            metrics.clone(),
+            sweep::Settings {
+                interval: args.sweep_interval,
+                max_deletes: args.sweep_max_deletes,
+            },
+            cancel.clone(),
+        ));
+    }
 
     let mut result = Ok(());
     tokio::select! {
@@ -257,6 +441,75 @@ pub fn spawn_signal_handler(cancel: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn run_args(argv: &[&str]) -> Result<RunArgs, clap::Error> {
+        let cli = Cli::try_parse_from(["replicator", "run", "--hub-kubeconfig", "/hub"].iter().chain(argv))?;
+        match cli.command {
+            Command::Run(args) => Ok(*args),
+            _ => unreachable!("parsed run"),
+        }
+    }
+
+    #[test]
+    fn one_cell_or_many() -> anyhow::Result<()> {
+        let single = run_args(&["--location", "dfw"])?;
+        assert_eq!(cells(&single)?, vec![("dfw".to_owned(), None, outage::Policy::Keep)]);
+        assert!(single.leader_elect, "leader election is on by default");
+
+        let many = run_args(&[
+            "--cell",
+            "dfw=/k/a",
+            "--cell",
+            "sjc=/k/b",
+            "--withdraw-unreachable-after",
+            "10m",
+            "--withdraw-unreachable-after",
+            "sjc=30s",
+            "--leader-elect=false",
+        ])?;
+        assert!(!many.leader_elect);
+        assert_eq!(
+            cells(&many)?,
+            vec![
+                (
+                    "dfw".to_owned(),
+                    Some(PathBuf::from("/k/a")),
+                    outage::Policy::WithdrawAfter(Duration::from_secs(600))
+                ),
+                (
+                    "sjc".to_owned(),
+                    Some(PathBuf::from("/k/b")),
+                    outage::Policy::WithdrawAfter(Duration::from_secs(30))
+                ),
+            ]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn bad_cells_are_refused_with_the_reason() -> anyhow::Result<()> {
+        assert!(run_args(&[]).is_err(), "a location or a cell is required");
+        assert!(
+            run_args(&["--location", "dfw", "--cell", "sjc=/k"]).is_err(),
+            "not both"
+        );
+        assert!(parse_cell("dfw").unwrap_err().contains("LOCATION=KUBECONFIG"));
+        assert!(parse_cell("DFW=/k").unwrap_err().contains("DNS label"));
+        assert!(parse_cell("dfw=").unwrap_err().contains("empty"));
+        assert!(parse_withdraw("5s").unwrap_err().contains("at least 10s"));
+        assert!(parse_withdraw("Bad=1m").is_err());
+        assert_eq!(
+            parse_withdraw("dfw=1m"),
+            Ok((Some("dfw".into()), Duration::from_secs(60)))
+        );
+        let twice = run_args(&["--cell", "dfw=/a", "--cell", "dfw=/b"])?;
+        assert!(cells(&twice).unwrap_err().to_string().contains("twice"));
+        let stray = run_args(&["--cell", "dfw=/a", "--withdraw-unreachable-after", "ord=1m"])?;
+        assert!(cells(&stray).unwrap_err().to_string().contains("does not serve"));
+        let upper = run_args(&["--location", "DFW"])?;
+        assert!(cells(&upper).is_err());
+        Ok(())
+    }
 
     #[test]
     fn durations_parse_in_the_usual_units() {

@@ -22,7 +22,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Run(args) => {
             cli::init_tracing(args.log_format);
-            cli::run(args)
+            cli::run(*args)
                 .await
                 .inspect_err(|err| tracing::error!(error = format!("{err:#}"), "replicator failed"))
         }

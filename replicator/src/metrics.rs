@@ -86,8 +86,13 @@ pub struct Metrics {
     /// `replicator_last_sync_timestamp_seconds`: Unix time of the last successful write or
     /// verified no-op of a kind.
     pub last_sync: Family<KindLabels, Gauge<f64, AtomicU64>>,
-    /// `replicator_leader`: 1 while this process may write for the location.
+    /// `replicator_leader`: 1 while this process holds the location's Lease (writes and sweeps).
     pub leader: Family<LocationLabels, Gauge>,
+    /// `replicator_cell_up`: 1 while the cell apiserver answers `/version`.
+    pub cell_up: Family<LocationLabels, Gauge>,
+    /// `replicator_withdrawn_total`: copies withdrawn from the hub because their cell stayed
+    /// unreachable past the grace period (`--withdraw-unreachable-after`).
+    pub withdrawn: Family<KindLabels, Counter>,
 }
 
 fn lag_histogram() -> Histogram {
@@ -112,6 +117,8 @@ impl Metrics {
             hub_up: Family::default(),
             last_sync: Family::default(),
             leader: Family::default(),
+            cell_up: Family::default(),
+            withdrawn: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("replicator");
         r.register(
@@ -150,8 +157,14 @@ impl Metrics {
         );
         r.register(
             "leader",
-            "1 while this process is the writer for the location",
+            "1 while this process holds the location's Lease and is its writer",
             m.leader.clone(),
+        );
+        r.register("cell_up", "1 while the cell apiserver answers", m.cell_up.clone());
+        r.register(
+            "withdrawn",
+            "Copies withdrawn from the hub because their cell stayed unreachable past the grace period",
+            m.withdrawn.clone(),
         );
         m
     }

@@ -1,7 +1,9 @@
 //! The sweep: collects this location's hub copies whose source is gone (DESIGN §5).
 //!
 //! It runs once at start-up, after every reflector of the cell has completed a full list, and
-//! then every interval (±10 % jitter). Safety rules:
+//! then every interval (±10 % jitter), only while this replica may write (it leads its location
+//! and the cell is not withdrawn); a replica that becomes leader sweeps at once, since the leader
+//! before it may have died between sweeps. Safety rules:
 //! - a rule is swept only while its cell watch is listed and healthy (an empty or failing cache
 //!   must never look like "every source is gone");
 //! - only copies carrying this location's label are considered, so another location's copies are
@@ -53,6 +55,8 @@ pub struct Report {
     pub kept_on_error: usize,
     /// Whether the delete cap stopped the pass.
     pub capped: bool,
+    /// Whether the pass stopped because this replica stopped leading (or the cell was withdrawn).
+    pub interrupted: bool,
 }
 
 /// Whether `source` (as read from the cell) is still a source of `state`'s rule.
@@ -119,6 +123,10 @@ pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) 
                 report.capped = true;
                 break;
             }
+            if !sync.writable() {
+                report.interrupted = true;
+                break;
+            }
             let copy_api = Api::<DynamicObject>::namespaced_with(sync.hub().clone(), &namespace, &state.resource);
             let params = DeleteParams {
                 preconditions: Some(Preconditions {
@@ -137,6 +145,10 @@ pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) 
                 Err(err) => tracing::warn!(kind = %kind, copy = %copy.name_any(), error = %err, "sweep delete failed"),
             }
         }
+        if report.interrupted {
+            tracing::info!("sweep stopped: this replica no longer writes for its location");
+            break;
+        }
         if report.capped {
             tracing::warn!(
                 max = settings.max_deletes,
@@ -148,7 +160,8 @@ pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) 
     report
 }
 
-/// Runs the start-up sweep once every cache has listed, then a sweep every interval.
+/// Runs the start-up sweep once every cache has listed, then a sweep every interval, each only
+/// while writes are open; every time they open again (a new leader) it sweeps at once.
 pub async fn run(sync: std::sync::Arc<CellSync>, metrics: Metrics, settings: Settings, cancel: CancellationToken) {
     // The start-up sweep waits for every cache to list, but a kind that never lists (its CRD
     // missing on the hub) must not stop the sweep of the others: sweep_once skips it.
@@ -157,7 +170,12 @@ pub async fn run(sync: std::sync::Arc<CellSync>, metrics: Metrics, settings: Set
         () = sync.wait_listed() => {}
         () = tokio::time::sleep(Duration::from_secs(60)) => {}
     }
+    let mut gate = sync.subscribe_gate();
     loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = sync.wait_writable() => {}
+        }
         let report = sweep_once(&sync, &metrics, settings).await;
         metrics
             .sweep_runs
@@ -171,13 +189,16 @@ pub async fn run(sync: std::sync::Arc<CellSync>, metrics: Metrics, settings: Set
             kept_on_error = report.kept_on_error,
             skipped = ?report.skipped_rules,
             capped = report.capped,
+            interrupted = report.interrupted,
             "sweep done"
         );
         let jitter = rand::rng().random_range(0.9..1.1);
         let wait = settings.interval.mul_f64(jitter);
+        // A closed gate ends the wait: the loop then waits for it to open and sweeps at once.
         tokio::select! {
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(wait) => {}
+            _ = gate.wait_for(|g| !g.open()) => {}
         }
     }
 }

@@ -210,6 +210,26 @@ pub struct RuleState {
     unroutable: Mutex<HashSet<(String, String)>>,
 }
 
+/// Whether this replica may write its location's copies (workers and the sweep wait on it).
+///
+/// Open when the replica leads its location (the election of `election.rs`, or always with
+/// `--leader-elect=false`) and the cell's copies are not withdrawn (the unreachable-cell policy
+/// of `outage.rs`: withdrawn copies must not be written back from a stale cache).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteGate {
+    /// This replica holds the location's Lease.
+    pub leading: bool,
+    /// The cell is unreachable and its copies were withdrawn.
+    pub withdrawn: bool,
+}
+
+impl WriteGate {
+    /// Whether writes may go out.
+    pub fn open(self) -> bool {
+        self.leading && !self.withdrawn
+    }
+}
+
 /// The reflector writers handed to [`CellSync::run`], one pair per rule plus namespaces.
 pub struct Writers {
     sources: Vec<Writer<DynamicObject>>,
@@ -234,6 +254,7 @@ pub struct CellSync {
     reported: Mutex<HashMap<Key, &'static str>>,
     deferred: Mutex<HashSet<Key>>,
     readiness: watch::Sender<u64>,
+    gate: watch::Sender<WriteGate>,
     metrics: Metrics,
     health: Health,
     recorder: Recorder,
@@ -326,6 +347,7 @@ impl CellSync {
             reported: Mutex::default(),
             deferred: Mutex::default(),
             readiness: watch::Sender::new(0),
+            gate: watch::Sender::new(WriteGate::default()),
             metrics,
             health,
             recorder,
@@ -348,6 +370,11 @@ impl CellSync {
     /// The hub client.
     pub fn hub(&self) -> &Client {
         &self.hub
+    }
+
+    /// The metrics this sync records into.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// The field manager of this location's writes.
@@ -749,6 +776,12 @@ impl CellSync {
                 }
                 continue;
             }
+            // A standby (or a withdrawn cell) holds its keys until it may write: the queue keeps
+            // the latest state per key, so a takeover starts from warm caches without a relist.
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = self.wait_writable() => {}
+            }
             // While the hub is away, wait for it (or for shutdown) instead of failing every key.
             tokio::select! {
                 () = cancel.cancelled() => return,
@@ -1035,7 +1068,7 @@ impl CellSync {
         changed && unroutable
     }
 
-    /// Marks this process as the writer of its location (single replica: always).
+    /// Records whether this replica leads its location (`replicator_leader` and the write gate).
     pub fn set_leader(&self, leader: bool) {
         self.metrics
             .leader
@@ -1043,6 +1076,49 @@ impl CellSync {
                 location: self.settings.location.clone(),
             })
             .set(i64::from(leader));
+        self.gate
+            .send_if_modified(|g| std::mem::replace(&mut g.leading, leader) != leader);
+    }
+
+    /// Records whether the cell's copies are withdrawn (writes stay closed while they are).
+    pub fn set_withdrawn(&self, withdrawn: bool) {
+        self.gate
+            .send_if_modified(|g| std::mem::replace(&mut g.withdrawn, withdrawn) != withdrawn);
+    }
+
+    /// The current write gate.
+    pub fn gate(&self) -> WriteGate {
+        *self.gate.borrow()
+    }
+
+    /// Whether writes may go out now.
+    pub fn writable(&self) -> bool {
+        self.gate().open()
+    }
+
+    /// A receiver of write-gate changes.
+    pub fn subscribe_gate(&self) -> watch::Receiver<WriteGate> {
+        self.gate.subscribe()
+    }
+
+    /// Resolves once writes may go out (immediately if they may).
+    pub async fn wait_writable(&self) {
+        let mut rx = self.gate.subscribe();
+        // The sender lives in `self`, so the channel cannot close while this runs.
+        let _ = rx.wait_for(|g| g.open()).await;
+    }
+
+    /// Queues every source in the cell cache, of every rule (after a withdrawal ends: each
+    /// source's copy is written back).
+    pub fn requeue_sources(&self) -> usize {
+        let mut n = 0;
+        for (i, state) in self.rules.iter().enumerate() {
+            for source in state.sources.state() {
+                self.queue.add(self.key(i, &source));
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Queue length, for diagnostics.

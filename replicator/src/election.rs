@@ -1,0 +1,205 @@
+//! Leader election: one writer per location, decided on a Lease on the hub.
+//!
+//! DESIGN §5: "Leader election on a hub Lease per location; standbys keep warm caches and take
+//! over without a relist." Every replica of a location runs its reflectors and queue all the
+//! time; only the holder of Lease `replicator-<location>` (namespace `--lease-namespace` on the
+//! hub) writes copies and sweeps. The Lease itself is handled by `kube-lease-manager`
+//! (server-side apply, renewal `grace` seconds before expiry).
+//!
+//! Losing contact with the hub while leading steps down at once (the Lease may still be ours for
+//! up to `duration`, but nobody can prove it), and the election is rejoined after a backoff; a
+//! replica that still holds the Lease when the hub answers again is leader again immediately.
+
+use std::time::Duration;
+
+use kube::Client;
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+/// How one location's election is run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// Namespace of the Lease on the hub (it must exist; `config/rbac/hub` creates it).
+    pub namespace: String,
+    /// This replica's identity, unique among the replicas of a location (the Lease holder).
+    pub identity: String,
+    /// How long a Lease stays valid after its last renewal (whole seconds, at least 2).
+    pub duration: Duration,
+    /// How long before expiry the holder renews (whole seconds, at least 1, below `duration`).
+    pub grace: Duration,
+}
+
+/// Name of the Lease of `location`: `replicator-<location>` (a location is a DNS label, so the
+/// name is valid).
+pub fn lease_name(location: &str) -> String {
+    format!("replicator-{location}")
+}
+
+/// The default identity: `$POD_NAME`, else the host name, followed by `_<pid>` so two processes
+/// on one host (tests, a laptop) never share an identity.
+pub fn default_identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "replicator".to_owned());
+    format!("{host}_{}", std::process::id())
+}
+
+/// Checks `duration` and `grace` as the Lease manager needs them.
+///
+/// # Errors
+/// A message when either is under a second, not whole seconds, or `grace` is not below
+/// `duration`.
+pub fn check_timing(duration: Duration, grace: Duration) -> Result<(), String> {
+    if duration.subsec_nanos() != 0 || grace.subsec_nanos() != 0 {
+        return Err("--lease-duration and --lease-grace are whole seconds".into());
+    }
+    if grace.as_secs() == 0 || duration.as_secs() < 2 {
+        return Err("--lease-duration must be at least 2s and --lease-grace at least 1s".into());
+    }
+    if grace >= duration {
+        return Err(format!(
+            "--lease-grace ({}s) must be shorter than --lease-duration ({}s)",
+            grace.as_secs(),
+            duration.as_secs()
+        ));
+    }
+    Ok(())
+}
+
+const MIN_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Takes part in the election of `location` until `cancel` fires, calling `on_change(true)`
+/// when this replica becomes leader and `on_change(false)` when it stops being one (also once at
+/// the start). On cancel a held Lease is released, so a standby takes over without waiting for
+/// expiry.
+///
+/// Errors never end the loop: they are logged, leadership is given up, and the election is
+/// rejoined after a backoff of 1 s doubling to 30 s.
+pub async fn run(
+    hub: Client,
+    location: String,
+    settings: Settings,
+    cancel: CancellationToken,
+    on_change: impl Fn(bool),
+) {
+    let lease = lease_name(&location);
+    let span = tracing::info_span!("election", cluster = "hub", location = %location, lease = %lease);
+    elect(hub, lease, settings, cancel, on_change).instrument(span).await;
+}
+
+async fn elect(hub: Client, lease: String, settings: Settings, cancel: CancellationToken, on_change: impl Fn(bool)) {
+    on_change(false);
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        let built = tokio::select! {
+            () = cancel.cancelled() => return,
+            built = LeaseManagerBuilder::new(hub.clone(), lease.clone())
+                .with_namespace(settings.namespace.clone())
+                .with_identity(settings.identity.clone())
+                .with_duration(settings.duration.as_secs())
+                .with_grace(settings.grace.as_secs())
+                .build() => built,
+        };
+        match built {
+            Ok(manager) => {
+                if follow(&manager, &settings, &cancel, &on_change, &mut backoff).await {
+                    return;
+                }
+            }
+            Err(err) => tracing::warn!(
+                error = %err,
+                namespace = %settings.namespace,
+                retry_in = ?backoff,
+                "cannot read or create the Lease; not leading"
+            ),
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Follows one Lease manager until an error (returns false: rebuild) or cancel (returns true,
+/// after releasing a held Lease).
+async fn follow(
+    manager: &LeaseManager,
+    settings: &Settings,
+    cancel: &CancellationToken,
+    on_change: &impl Fn(bool),
+    backoff: &mut Duration,
+) -> bool {
+    let mut leading = false;
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => {
+                if leading {
+                    on_change(false);
+                    match tokio::time::timeout(Duration::from_secs(5), manager.release()).await {
+                        Ok(Ok(())) => tracing::info!("released the Lease"),
+                        Ok(Err(err)) => tracing::warn!(error = %err, "could not release the Lease; it expires by itself"),
+                        Err(_) => tracing::warn!("releasing the Lease timed out; it expires by itself"),
+                    }
+                }
+                return true;
+            }
+            changed = manager.changed() => match changed {
+                Ok(now) => {
+                    *backoff = MIN_BACKOFF;
+                    leading = now;
+                    if now {
+                        tracing::info!(identity = %settings.identity, "became leader: writing and sweeping");
+                    } else {
+                        tracing::info!(identity = %settings.identity, "lost the Lease: standing by with warm caches");
+                    }
+                    on_change(now);
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, retry_in = ?*backoff, "Lease renewal failed; stepping down");
+                    if leading {
+                        on_change(false);
+                    }
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_names_and_identities() {
+        assert_eq!(lease_name("dfw"), "replicator-dfw");
+        let id = default_identity();
+        assert!(
+            id.ends_with(&format!("_{}", std::process::id())),
+            "{id} ends with the pid"
+        );
+        assert!(id.len() > 2);
+    }
+
+    #[test]
+    fn timing_is_checked_before_the_lease_manager_sees_it() {
+        let s = Duration::from_secs;
+        assert_eq!(check_timing(s(15), s(5)), Ok(()));
+        assert_eq!(check_timing(s(2), s(1)), Ok(()));
+        assert!(check_timing(s(5), s(5)).unwrap_err().contains("shorter"));
+        assert!(check_timing(s(1), s(1)).is_err());
+        assert!(check_timing(s(10), s(0)).is_err());
+        assert!(
+            check_timing(Duration::from_millis(1500), s(1))
+                .unwrap_err()
+                .contains("whole")
+        );
+    }
+}
