@@ -32,6 +32,9 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use tokio::process::Command;
 
+/// The hub namespace of the replicator's Leases (`replicator run --lease-namespace` default).
+pub const LEASE_NAMESPACE: &str = "replicator-system";
+
 use crate::binaries::Binaries;
 use crate::cluster::Cluster;
 use crate::command::{self, combined_output, describe};
@@ -178,6 +181,7 @@ impl Environment {
         if let Some(env) = Environment::reusable(&dir).await? {
             tracing::info!(dir = %dir.display(), "environment already up; reusing it");
             env.install_crds_if_changed().await?;
+            env.ensure_lease_namespace().await?;
             return Ok(env);
         }
         match Environment::start_fresh(&dir).await {
@@ -426,6 +430,25 @@ impl Environment {
         state.save(&self.dir)
     }
 
+    /// Creates the hub namespace of the replicator's Leases ([`LEASE_NAMESPACE`], as
+    /// `config/rbac/hub` does in production) unless it exists.
+    pub async fn ensure_lease_namespace(&self) -> Result<()> {
+        use k8s_openapi::api::core::v1::Namespace;
+        let api = kube::Api::<Namespace>::all(self.client(Cluster::Hub).await?);
+        let namespace = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(LEASE_NAMESPACE.to_owned()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match api.create(&kube::api::PostParams::default(), &namespace).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
     /// Probes every component.
     pub async fn status(&self) -> Status {
         let state = self.state.lock().await.clone();
@@ -572,6 +595,7 @@ impl Environment {
         )
         .await?;
         env.install_crds().await?;
+        env.ensure_lease_namespace().await?;
         env.start_karmada().await?;
         {
             let mut state = env.state.lock().await;

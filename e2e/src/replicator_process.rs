@@ -35,6 +35,7 @@ pub struct ReplicatorSpec {
     binary: Option<PathBuf>,
     hub_kubeconfig: Option<PathBuf>,
     membership: bool,
+    cells: Vec<(Cluster, String)>,
     args: Vec<OsString>,
     envs: Vec<(OsString, OsString)>,
 }
@@ -48,6 +49,7 @@ impl ReplicatorSpec {
             binary: None,
             hub_kubeconfig: None,
             membership: false,
+            cells: Vec::new(),
             args: Vec::new(),
             envs: Vec::new(),
         }
@@ -59,6 +61,16 @@ impl ReplicatorSpec {
         ReplicatorSpec {
             membership: true,
             ..ReplicatorSpec::new(Cluster::Hub).location("membership")
+        }
+    }
+
+    /// One `replicator run` serving several cells (`--cell LOCATION=KUBECONFIG` each) instead
+    /// of one; its log and [`ReplicatorProcess::location`] are the locations joined by `+`.
+    pub fn cells(cells: &[(Cluster, &str)]) -> ReplicatorSpec {
+        let joined = cells.iter().map(|(_, l)| *l).collect::<Vec<_>>().join("+");
+        ReplicatorSpec {
+            cells: cells.iter().map(|(c, l)| (*c, (*l).to_owned())).collect(),
+            ..ReplicatorSpec::new(Cluster::Hub).location(joined)
         }
     }
 
@@ -145,6 +157,15 @@ impl ReplicatorProcess {
             .unwrap_or_else(|| env.kubeconfig_path(Cluster::Hub));
         let mut args: Vec<OsString> = if spec.membership {
             vec!["membership".into()]
+        } else if !spec.cells.is_empty() {
+            let mut args: Vec<OsString> = vec!["run".into()];
+            for (cell, location) in &spec.cells {
+                args.push("--cell".into());
+                let mut value = OsString::from(format!("{location}="));
+                value.push(env.kubeconfig_path(*cell));
+                args.push(value);
+            }
+            args
         } else {
             vec![
                 "run".into(),

@@ -12,7 +12,12 @@
 
 use std::time::Duration;
 
-use kube::Client;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{
+    Api, Client,
+    runtime::{WatchStreamExt, watcher},
+};
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -107,11 +112,12 @@ async fn elect(hub: Client, lease: String, settings: Settings, cancel: Cancellat
                 .build() => built,
         };
         match built {
-            Ok(manager) => {
-                if follow(&manager, &settings, &cancel, &on_change, &mut backoff).await {
-                    return;
-                }
-            }
+            Ok(manager) => match follow(&hub, &lease, &manager, &settings, &cancel, &on_change, &mut backoff).await {
+                Followed::Cancelled => return,
+                // The holder let go: a fresh manager reads the Lease anew and takes it.
+                Followed::Released => continue,
+                Followed::Failed => {}
+            },
             Err(err) => tracing::warn!(
                 error = %err,
                 namespace = %settings.namespace,
@@ -127,18 +133,51 @@ async fn elect(hub: Client, lease: String, settings: Settings, cancel: Cancellat
     }
 }
 
-/// Follows one Lease manager until an error (returns false: rebuild) or cancel (returns true,
-/// after releasing a held Lease).
+/// How following one Lease manager ended.
+enum Followed {
+    /// `cancel` fired (a held Lease was released).
+    Cancelled,
+    /// The Lease manager failed: rejoin after the backoff.
+    Failed,
+    /// While standing by, the Lease was seen released: rejoin at once.
+    Released,
+}
+
+/// Follows one Lease manager until cancel, an error, or (standing by) the holder releasing the
+/// Lease. The manager alone would sleep until the old term expires even after a release, so a
+/// watch on the Lease cuts a graceful handover (a rollout) from `duration` to a round trip.
 async fn follow(
+    hub: &Client,
+    lease: &str,
     manager: &LeaseManager,
     settings: &Settings,
     cancel: &CancellationToken,
     on_change: &impl Fn(bool),
     backoff: &mut Duration,
-) -> bool {
+) -> Followed {
+    let api = Api::<Lease>::namespaced(hub.clone(), &settings.namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={lease}"));
+    let mut lease_events = watcher::watcher(api, config)
+        .default_backoff()
+        .applied_objects()
+        .boxed();
     let mut leading = false;
+    // Only a transition from held to free counts: a Lease that is free from the start is the
+    // manager's to take (and if it cannot, rejoining at once would spin).
+    let mut seen_held = false;
     loop {
         tokio::select! {
+            event = lease_events.next() => {
+                if let Some(Ok(seen)) = event {
+                    let held = seen.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).is_some_and(|h| !h.is_empty());
+                    if held {
+                        seen_held = true;
+                    } else if seen_held && !leading {
+                        tracing::info!("the Lease was released; taking part again at once");
+                        return Followed::Released;
+                    }
+                }
+            }
             () = cancel.cancelled() => {
                 if leading {
                     on_change(false);
@@ -148,7 +187,7 @@ async fn follow(
                         Err(_) => tracing::warn!("releasing the Lease timed out; it expires by itself"),
                     }
                 }
-                return true;
+                return Followed::Cancelled;
             }
             changed = manager.changed() => match changed {
                 Ok(now) => {
@@ -166,7 +205,7 @@ async fn follow(
                     if leading {
                         on_change(false);
                     }
-                    return false;
+                    return Followed::Failed;
                 }
             }
         }

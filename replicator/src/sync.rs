@@ -332,6 +332,8 @@ impl CellSync {
                 instance: Some(settings.location.clone()),
             },
         );
+        // Not ready until the first lists complete (bump_readiness clears it).
+        health.set(&format!("cell {}", settings.location), "initial list pending");
         let this = Self {
             field_manager: format!("replicator-{}", settings.location),
             settings,
