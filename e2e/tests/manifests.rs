@@ -428,8 +428,15 @@ fn port_number(container: &Value, name: &str) -> Option<u64> {
 fn check_deployment<'a>(deployment: &'a Value, subcommand: &str) -> &'a Value {
     let name = deployment["metadata"]["name"].as_str().unwrap();
     let spec = &deployment["spec"];
-    assert_eq!(spec["replicas"], 1, "{name}: one writer");
-    assert_eq!(spec["strategy"]["type"], "Recreate", "{name}: never two pods at once");
+    if subcommand == "run" {
+        // Leader election on a hub Lease: a warm standby, and a rollout that never drops to zero.
+        assert_eq!(spec["replicas"], 2, "{name}: leader and standby");
+        assert_eq!(spec["strategy"]["type"], "RollingUpdate", "{name}");
+        assert_eq!(spec["strategy"]["rollingUpdate"]["maxUnavailable"], 0, "{name}");
+    } else {
+        assert_eq!(spec["replicas"], 1, "{name}: one writer");
+        assert_eq!(spec["strategy"]["type"], "Recreate", "{name}: never two pods at once");
+    }
     let pod = &spec["template"]["spec"];
     let selector = spec["selector"]["matchLabels"].as_object().unwrap();
     for (k, v) in selector {
@@ -941,6 +948,31 @@ async fn the_roles_grant_exactly_the_verbs_the_code_uses() -> TestResult {
         ),
         (HUB, &hub_sa, vec!["delete", "namespaces"], "no"),
         (HUB, &hub_sa, vec!["create", "namespaces"], "no"),
+        // Leader election: the Lease Role of the namespace, nothing beyond it.
+        (
+            HUB,
+            &hub_sa,
+            vec!["patch", "leases.coordination.k8s.io", "-n", n],
+            "yes",
+        ),
+        (
+            HUB,
+            &hub_sa,
+            vec!["watch", "leases.coordination.k8s.io", "-n", n],
+            "yes",
+        ),
+        (
+            HUB,
+            &hub_sa,
+            vec!["delete", "leases.coordination.k8s.io", "-n", n],
+            "no",
+        ),
+        (
+            HUB,
+            &hub_sa,
+            vec!["patch", "leases.coordination.k8s.io", "-n", "kube-system"],
+            "no",
+        ),
         (
             HUB,
             &hub_sa,
@@ -1259,6 +1291,8 @@ fn registered_names() -> BTreeSet<String> {
     }
     m.last_sync.get_or_create(&kind).set(1.0);
     m.sweep_deleted.get_or_create(&kind).inc();
+    m.withdrawn.get_or_create(&kind).inc();
+    m.cell_up.get_or_create(&location).set(1);
     m.writes
         .get_or_create(&WriteLabels {
             kind: "Network".into(),
@@ -1418,7 +1452,11 @@ async fn replicator_runs_with_the_rendered_arguments_and_only_the_rendered_rbac(
     }
     fixtures::apply(&cell, &networks, &fixtures::network(&unrouted, "lost")).await?;
 
-    let cell_arg = vec![format!("--cell-kubeconfig={}", cell_kc.display())];
+    // The rendered Lease Role is isolated in `ns` too, so the Lease lives there.
+    let cell_arg = vec![
+        format!("--cell-kubeconfig={}", cell_kc.display()),
+        format!("--lease-namespace={ns}"),
+    ];
     let run = Running::start(
         &env,
         &format!("manifests-{ns}-run-1"),
