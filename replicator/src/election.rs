@@ -77,7 +77,7 @@ pub fn check_timing(duration: Duration, grace: Duration) -> Result<(), String> {
 }
 
 const MIN_BACKOFF: Duration = Duration::from_secs(1);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Takes part in the election of `location` until `cancel` fires, calling `on_change(true)`
 /// when this replica becomes leader and `on_change(false)` when it stops being one (also once at
@@ -85,7 +85,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// expiry.
 ///
 /// Errors never end the loop: they are logged, leadership is given up, and the election is
-/// rejoined after a backoff of 1 s doubling to 30 s.
+/// rejoined after a backoff of 1 s doubling to 5 s (a Lease read is cheap, and a hub that
+/// returns should find its writer again within seconds).
 pub async fn run(
     hub: Client,
     location: String,

@@ -9,7 +9,10 @@
 //!
 //! The decision is the pure [`decide`]; [`run`] is the probe loop around it.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -73,8 +76,11 @@ pub fn decide(policy: Policy, seen: Observation) -> Action {
 /// How often the cell's `/version` is probed.
 pub const PROBE_EVERY: Duration = Duration::from_secs(2);
 
-/// A source watch is trusted again after this long without an error, when no event proved it.
-const TRUST_AFTER: Duration = Duration::from_secs(10);
+/// A source watch that resumed without any event is trusted after this long without an error
+/// (as the sweep does). Usually a watch proves itself sooner: an outage long enough to withdraw
+/// ends with a relist (the restarted apiserver answers 410 to the old resource version), and the
+/// relist marks the kind healthy at once.
+const TRUST_AFTER: Duration = Duration::from_secs(60);
 
 /// Probes the cell of `sync` every [`PROBE_EVERY`] until `cancel`: sets `replicator_cell_up`
 /// and a readiness problem while it does not answer, and applies `policy` through [`decide`].
@@ -109,7 +115,8 @@ pub async fn run(sync: Arc<CellSync>, policy: Policy, health: Health, cancel: Ca
         let seen = Observation {
             down_for: down_since.map(|t| now.duration_since(t)),
             withdrawn: gate.withdrawn,
-            sources_trusted: sync.rules.iter().all(|r| r.sources_trusted(TRUST_AFTER)),
+            sources_trusted: sync.rules.iter().all(|r| r.sources_healthy.load(Ordering::Acquire))
+                || sync.rules.iter().all(|r| r.sources_trusted(TRUST_AFTER)),
             leading: gate.leading,
         };
         match decide(policy, seen) {
