@@ -342,6 +342,21 @@ async fn an_unreachable_cell_is_withdrawn_after_its_grace_period_and_restored_wh
             "not before the grace period: {after:?}"
         );
         eprintln!("copies of the unreachable cell withdrawn {after:?} after it went down");
+        // The rest of the location's copies (other namespaces) go the same way.
+        wait::until(
+            Duration::from_secs(60),
+            "every copy of the location withdrawn",
+            || async {
+                let left = Api::<DynamicObject>::all_with(hub.clone(), &ni)
+                    .list(&ListParams::default().labels(&format!("{LOCATION_LABEL}={withdrawn}")))
+                    .await?
+                    .items
+                    .len();
+                Ok::<_, kube::Error>((left == 0).then_some(()))
+            },
+        )
+        .await
+        .unwrap();
         assert_eq!(
             w.metric("replicator_cell_up", &[("location", &withdrawn)])
                 .await

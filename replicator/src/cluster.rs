@@ -180,6 +180,27 @@ impl HubHealth {
     }
 }
 
+/// The retry delays of every watch (cells, hub copies, namespaces, the Lease): 500 ms doubling
+/// to 5 s, jittered, back to 500 ms after 60 s without an error.
+///
+/// kube's default (client-go's 800 ms to 30 s, reset after 120 s) is kind to a struggling
+/// apiserver but let a watch sit out up to 30 s after its apiserver returned: measured 23-28 s
+/// from a restarted cell apiserver answering to the relists completing. At 5 s the retry load on a
+/// down apiserver stays about one request per second per cell (six watches), and a returning one
+/// is seen within seconds.
+pub fn watch_backoff() -> impl kube::runtime::utils::Backoff {
+    let builder = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(5))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times();
+    kube::runtime::utils::ResetTimerBackoff::new(
+        kube::runtime::watcher::ExponentialBackoff::from(builder),
+        Duration::from_secs(60),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -159,7 +159,7 @@ async fn follow(
     let api = Api::<Lease>::namespaced(hub.clone(), &settings.namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={lease}"));
     let mut lease_events = watcher::watcher(api, config)
-        .default_backoff()
+        .backoff(crate::cluster::watch_backoff())
         .applied_objects()
         .boxed();
     let mut leading = false;

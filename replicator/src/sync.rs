@@ -477,7 +477,9 @@ impl CellSync {
         };
         let api = Api::<DynamicObject>::all_with(self.cell.clone(), &state.resource);
         let config = watcher::Config::default().labels_from(&selector);
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        let mut stream = watcher::watcher(api, config)
+            .backoff(crate::cluster::watch_backoff())
+            .boxed();
         let mut relisting: Option<Vec<Key>> = None;
         let mut before_relist: HashSet<(String, String)> = HashSet::new();
         loop {
@@ -574,7 +576,9 @@ impl CellSync {
         let api = Api::<DynamicObject>::all_with(self.hub.clone(), &state.resource);
         let config =
             watcher::Config::default().labels(&format!("{}={}", rules::LOCATION_LABEL, self.settings.location));
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        let mut stream = watcher::watcher(api, config)
+            .backoff(crate::cluster::watch_backoff())
+            .boxed();
         let mut relisting: Vec<Key> = Vec::new();
         let mut before_relist: HashSet<Key> = HashSet::new();
         loop {
@@ -647,7 +651,7 @@ impl CellSync {
         let span = tracing::info_span!("namespaces", cluster = "cell", location = %self.settings.location);
         let api = Api::<Namespace>::all(self.cell.clone());
         let mut stream = watcher::watcher(api, watcher::Config::default())
-            .default_backoff()
+            .backoff(crate::cluster::watch_backoff())
             .boxed();
         let mut routing_of: HashMap<String, (Option<String>, Option<String>)> = HashMap::new();
         loop {
@@ -699,7 +703,7 @@ impl CellSync {
     async fn watch_hub_namespaces(self: Arc<Self>, cancel: CancellationToken) {
         let api = Api::<kube::core::PartialObjectMeta<Namespace>>::all(self.hub.clone());
         let mut stream = watcher::watcher(api, watcher::Config::default())
-            .default_backoff()
+            .backoff(crate::cluster::watch_backoff())
             .boxed();
         let mut known: HashSet<String> = HashSet::new();
         let mut listed = false;

@@ -217,7 +217,9 @@ impl Controller {
         K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
         K::DynamicType: Eq + std::hash::Hash + Clone,
     {
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        let mut stream = watcher::watcher(api, config)
+            .backoff(crate::cluster::watch_backoff())
+            .boxed();
         loop {
             let next = tokio::select! {
                 () = cancel.cancelled() => return,
