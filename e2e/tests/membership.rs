@@ -436,5 +436,18 @@ async fn shards_families_and_multiple_networks() -> TestResult {
         "no status write when nothing changed"
     );
     assert_eq!(api.get("split").await?.resource_version(), touched);
+    // Every later scenario's replicator mirrors all of cell-a: take the 250 members away again.
+    env.kubectl_ok(
+        CELL_A,
+        [
+            "-n",
+            ns.as_str(),
+            "delete",
+            "networkinterfaces.networking.datumapis.com",
+            "--all",
+            "--wait=false",
+        ],
+    )
+    .await?;
     Ok(())
 }
