@@ -69,7 +69,7 @@ pub struct RunArgs {
     pub cell_kubeconfig: Option<PathBuf>,
     /// A cell this process serves, as LOCATION=KUBECONFIG (repeat for each; one client each,
     /// one Lease each). Replaces --location and --cell-kubeconfig.
-    #[arg(long = "cell", id = "cells", value_parser = parse_cell)]
+    #[arg(long = "cell", id = "cells", value_name = "LOCATION=KUBECONFIG", value_parser = parse_cell)]
     pub cells: Vec<CellArg>,
     /// Kubeconfig of the hub (required). While the file is missing or empty the process waits
     /// and reports not-ready.
@@ -110,7 +110,7 @@ pub struct RunArgs {
     /// Withdraw a cell's copies from the hub once the cell has been unreachable this long, as
     /// DURATION (every cell) or LOCATION=DURATION (one cell; repeat). Unset: copies are kept
     /// through any outage.
-    #[arg(long, value_parser = parse_withdraw)]
+    #[arg(long, value_name = "[LOCATION=]DURATION", value_parser = parse_withdraw)]
     pub withdraw_unreachable_after: Vec<(Option<String>, Duration)>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text", env = "REPLICATOR_LOG_FORMAT")]
