@@ -31,6 +31,8 @@ pub enum Command {
     Run(RunArgs),
     /// Resolve NetworkService membership on the hub: status and EndpointSlices (run once).
     Membership(crate::membership::MembershipArgs),
+    /// Per location and kind: copies, sources, drift, last sync, lag percentiles, leader.
+    Status(crate::status::StatusArgs),
     /// Print the project's CRDs as YAML (the content of config/crds/).
     Crds,
     /// Print the Karmada ClusterPropagationPolicies for these locations (policies/policies.yaml).

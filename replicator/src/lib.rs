@@ -16,5 +16,6 @@ pub mod policies;
 pub mod queue;
 pub mod routing;
 pub mod rules;
+pub mod status;
 pub mod sweep;
 pub mod sync;

@@ -14,6 +14,7 @@ async fn main() -> anyhow::Result<()> {
             print!("{}", replicator::policies::render(&locations)?);
             Ok(())
         }
+        Command::Status(args) => replicator::status::run(args).await,
         Command::Membership(args) => {
             cli::init_tracing(args.log_format);
             replicator::membership::run(args)
