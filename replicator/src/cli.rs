@@ -49,7 +49,7 @@ pub enum Command {
 pub enum LogFormat {
     /// Human-readable lines.
     Text,
-    /// One JSON object per line, with span fields (cluster, kind, namespace, name).
+    /// One JSON object per line, span fields (cluster, kind, namespace, name) at the top level.
     Json,
 }
 
@@ -136,7 +136,10 @@ pub fn init_tracing(format: LogFormat) {
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).init(),
+        LogFormat::Json => builder
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(crate::logging::FlatJson)
+            .init(),
     }
 }
 

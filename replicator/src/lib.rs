@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod copy;
 pub mod health;
 pub mod http;
+pub mod logging;
 pub mod membership;
 pub mod metrics;
 pub mod policies;
