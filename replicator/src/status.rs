@@ -120,14 +120,28 @@ pub struct StatusArgs {
     pub timeout: Duration,
 }
 
+/// An error and its sources, `outer: inner: ...`, skipping a source the text already quotes.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// Bounds `fut` by `timeout`, flattening both failures into a message.
-async fn bounded<T, E: std::fmt::Display>(
+async fn bounded<T, E: std::error::Error>(
     timeout: Duration,
     fut: impl Future<Output = Result<T, E>>,
 ) -> Result<T, String> {
     match tokio::time::timeout(timeout, fut).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Err(e)) => Err(error_chain(&e)),
         Err(_) => Err(format!("no answer within {timeout:?}")),
     }
 }
@@ -163,7 +177,7 @@ async fn read_cell(
 ) -> Result<CellListing, String> {
     let client = cluster::client_from_kubeconfig(&target.kubeconfig)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| error_chain(&e))?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let listed = bounded(timeout, async {
         match namespace {
@@ -177,7 +191,7 @@ async fn read_cell(
         .map(|ns| (ns.name_any(), ns.labels().clone()))
         .collect();
     let sources = futures::future::join_all(rules.iter().map(|rule| async {
-        let selector = rules::source_selector(rule).map_err(|e| e.to_string())?;
+        let selector = rules::source_selector(rule).map_err(|e| error_chain(&e))?;
         let params = ListParams::default().labels_from(&selector);
         bounded(timeout, list_all(&api_for(&client, rule, namespace), params)).await
     }))
@@ -186,13 +200,13 @@ async fn read_cell(
 }
 
 async fn scrape(http: &reqwest::Client, target: &MetricsTarget) -> Result<Vec<exposition::Sample>, String> {
-    let response = http.get(&target.url).send().await.map_err(|e| e.to_string())?;
+    let response = http.get(&target.url).send().await.map_err(|e| error_chain(&e))?;
     let text = response
         .error_for_status()
-        .map_err(|e| e.to_string())?
+        .map_err(|e| error_chain(&e))?
         .text()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| error_chain(&e))?;
     exposition::parse(&text).map_err(|e| e.to_string())
 }
 
@@ -206,7 +220,7 @@ pub async fn gather(args: &StatusArgs) -> anyhow::Result<report::Report> {
     let hub_path = args.hub_kubeconfig.display();
     let hub = cluster::client_from_kubeconfig(&args.hub_kubeconfig)
         .await
-        .with_context(|| format!("hub kubeconfig {hub_path}"))?;
+        .map_err(|e| anyhow::anyhow!("hub: {}", error_chain(&e)))?;
     bounded(args.timeout, hub.apiserver_version())
         .await
         .map_err(|e| anyhow::anyhow!("the hub (kubeconfig {hub_path}) is unreachable: {e}"))?;
@@ -263,6 +277,19 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_chains_quote_each_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer")]
+        struct Outer(#[source] std::io::Error);
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer: {0}")]
+        struct Quoting(#[source] std::io::Error);
+        let io = || std::io::Error::other("refused");
+        assert_eq!(error_chain(&Outer(io())), "outer: refused");
+        assert_eq!(error_chain(&Quoting(io())), "outer: refused");
+    }
 
     #[test]
     fn cell_and_metrics_flags_parse() {
