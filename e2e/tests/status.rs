@@ -412,6 +412,8 @@ async fn json_logs_carry_cluster_kind_namespace_and_name() -> TestResult {
     })
     .await?;
     r.terminate(Duration::from_secs(10)).await?;
+    // Leave no uncopyable source behind: every later replicator of the cell would count it.
+    fixtures::delete(&cell, &ni, &ns, "bad").await?;
 
     let log = std::fs::read_to_string(r.log_path())?;
     let mut lines = Vec::new();
