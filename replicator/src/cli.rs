@@ -32,6 +32,8 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Resolve NetworkService membership on the hub: status and EndpointSlices (run once).
     Membership(crate::membership::MembershipArgs),
+    /// Per location and kind: copies, sources, drift, last sync, lag percentiles, leader.
+    Status(crate::status::StatusArgs),
     /// Print the project's CRDs as YAML (the content of config/crds/).
     Crds,
     /// Print the Karmada ClusterPropagationPolicies for these locations (policies/policies.yaml).
@@ -48,7 +50,7 @@ pub enum Command {
 pub enum LogFormat {
     /// Human-readable lines.
     Text,
-    /// One JSON object per line, with span fields (cluster, kind, namespace, name).
+    /// One JSON object per line, span fields (cluster, kind, namespace, name) at the top level.
     Json,
 }
 
@@ -270,7 +272,10 @@ pub fn init_tracing(format: LogFormat) {
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).init(),
+        LogFormat::Json => builder
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(crate::logging::FlatJson)
+            .init(),
     }
 }
 

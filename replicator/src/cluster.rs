@@ -90,7 +90,7 @@ pub async fn wait_for_hub_client(
                 let msg = err.to_string();
                 health.set("hub", msg.clone());
                 if msg != last {
-                    tracing::warn!(error = %msg, "waiting for the hub kubeconfig");
+                    tracing::warn!(cluster = "hub", error = %msg, "waiting for the hub kubeconfig");
                     last = msg;
                 }
             }
@@ -162,7 +162,10 @@ impl HubHealth {
                     changed = rx.changed() => if changed.is_err() { return },
                 }
                 if !self.is_up() {
-                    tracing::warn!("hub unreachable; pausing writes and keeping the latest state per key");
+                    tracing::warn!(
+                        cluster = "hub",
+                        "hub unreachable; pausing writes and keeping the latest state per key"
+                    );
                     on_change(false);
                 }
                 continue;
@@ -173,7 +176,7 @@ impl HubHealth {
             }
             if hub.apiserver_version().await.is_ok() {
                 self.mark_up();
-                tracing::info!("hub reachable again; resuming writes");
+                tracing::info!(cluster = "hub", "hub reachable again; resuming writes");
                 on_change(true);
             }
         }

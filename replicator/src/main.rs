@@ -14,6 +14,14 @@ async fn main() -> anyhow::Result<()> {
             print!("{}", replicator::policies::render(&locations)?);
             Ok(())
         }
+        Command::Status(args) => {
+            // An operator's command: one clear line and exit status 1, never a backtrace.
+            if let Err(err) = replicator::status::run(args).await {
+                eprintln!("replicator status: {err:#}");
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         Command::Membership(args) => {
             cli::init_tracing(args.log_format);
             replicator::membership::run(args)

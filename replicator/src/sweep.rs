@@ -78,8 +78,9 @@ pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) 
     let selector = format!("{}={}", rules::LOCATION_LABEL, location);
     for state in &sync.rules {
         let kind = &state.rule.resource.kind;
+        let span = tracing::info_span!("sweep", cluster = "hub", location = %location, kind = %kind);
         if !state.sources_trusted(TRUST_AFTER_ERROR) {
-            tracing::warn!(kind = %kind, "sweep skipped: the cell watch is not listed or not healthy");
+            tracing::warn!(parent: &span, "sweep skipped: the cell watch is not listed or not healthy");
             report.skipped_rules.push(kind.clone());
             continue;
         }
@@ -87,7 +88,7 @@ pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) 
         let copies = match hub_api.list(&ListParams::default().labels(&selector)).await {
             Ok(list) => list.items,
             Err(err) => {
-                tracing::warn!(kind = %kind, error = %err, "sweep skipped: cannot list hub copies");
+                tracing::warn!(parent: &span, error = %err, "sweep skipped: cannot list hub copies");
                 report.skipped_rules.push(kind.clone());
                 continue;
             }
@@ -97,12 +98,19 @@ pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) 
                 continue;
             }
             report.examined += 1;
+            // Lines about one copy name it: the hub object, in its namespace.
+            let copy_span = tracing::info_span!(
+                parent: &span,
+                "copy",
+                namespace = %copy.namespace().unwrap_or_default(),
+                name = %copy.name_any()
+            );
             let annotations = copy.annotations();
             let (Some(namespace), Some(name)) = (
                 annotations.get(copy::SOURCE_NAMESPACE_ANNOTATION).cloned(),
                 annotations.get(copy::SOURCE_NAME_ANNOTATION).cloned(),
             ) else {
-                tracing::warn!(kind = %kind, copy = %copy.name_any(), "copy lacks source annotations; left alone");
+                tracing::warn!(parent: &copy_span, "copy lacks source annotations; left alone");
                 continue;
             };
             let source_ref = ObjectRef::new_with(&name, state.resource.clone()).within(&namespace);
@@ -114,7 +122,7 @@ pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) 
                 Ok(Some(source)) if still_a_source(state, &source) => continue,
                 Ok(_) => {}
                 Err(err) => {
-                    tracing::warn!(kind = %kind, source = %format!("{namespace}/{name}"), error = %err, "cell read failed; copy kept");
+                    tracing::warn!(parent: &copy_span, source = %format!("{namespace}/{name}"), error = %err, "cell read failed; copy kept");
                     report.kept_on_error += 1;
                     continue;
                 }
@@ -139,10 +147,10 @@ pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) 
                 Ok(_) => {
                     report.deleted += 1;
                     metrics.sweep_deleted.get_or_create(&state.labels).inc();
-                    tracing::info!(kind = %kind, copy = %copy.name_any(), source = %format!("{namespace}/{name}"), "sweep collected a copy whose source is gone");
+                    tracing::info!(parent: &copy_span, source = %format!("{namespace}/{name}"), "sweep collected a copy whose source is gone");
                 }
                 Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                Err(err) => tracing::warn!(kind = %kind, copy = %copy.name_any(), error = %err, "sweep delete failed"),
+                Err(err) => tracing::warn!(parent: &copy_span, error = %err, "sweep delete failed"),
             }
         }
         if report.interrupted {

@@ -648,7 +648,8 @@ impl CellSync {
     }
 
     async fn watch_namespaces(self: Arc<Self>, mut writer: Writer<Namespace>, cancel: CancellationToken) {
-        let span = tracing::info_span!("namespaces", cluster = "cell", location = %self.settings.location);
+        let span =
+            tracing::info_span!("namespaces", cluster = "cell", location = %self.settings.location, kind = "Namespace");
         let api = Api::<Namespace>::all(self.cell.clone());
         let mut stream = watcher::watcher(api, watcher::Config::default())
             .backoff(crate::cluster::watch_backoff())
@@ -701,6 +702,7 @@ impl CellSync {
     /// instead of waiting out the backoff of their `namespace_missing` failures (the replicator
     /// never creates hub namespaces; it waits for them).
     async fn watch_hub_namespaces(self: Arc<Self>, cancel: CancellationToken) {
+        let span = tracing::info_span!("hub-namespaces", cluster = "hub", location = %self.settings.location, kind = "Namespace");
         let api = Api::<kube::core::PartialObjectMeta<Namespace>>::all(self.hub.clone());
         let mut stream = watcher::watcher(api, watcher::Config::default())
             .backoff(crate::cluster::watch_backoff())
@@ -714,7 +716,9 @@ impl CellSync {
             };
             match next {
                 None => return,
-                Some(Err(err)) => tracing::debug!(error = %err, "hub namespace watch failed; retrying with backoff"),
+                Some(Err(err)) => {
+                    tracing::debug!(parent: &span, error = %err, "hub namespace watch failed; retrying with backoff")
+                }
                 Some(Ok(Event::Apply(ns) | Event::InitApply(ns))) => {
                     let name = ns.name_any();
                     if known.insert(name.clone()) && listed {
@@ -796,6 +800,7 @@ impl CellSync {
             let state = &self.rules[key.rule];
             let span = tracing::info_span!(
                 "sync",
+                cluster = "cell",
                 location = %self.settings.location,
                 kind = %state.rule.resource.kind,
                 namespace = %key.namespace,
@@ -809,7 +814,7 @@ impl CellSync {
                     lock(&self.attempts).remove(&key);
                     lock(&self.reported).remove(&key);
                 }
-                Ok(Err(err)) => self.handle_error(&key, &err, &span).await,
+                Ok(Err(err)) => self.handle_error(&key, &err, &span).instrument(span.clone()).await,
                 Err(panic) => {
                     let what = panic
                         .downcast_ref::<&str>()

@@ -244,7 +244,13 @@ impl Controller {
         while let Some(key) = self.queue.next().await {
             let mut rx = self.listed.subscribe();
             let _ = rx.wait_for(|v| *v == ALL_LISTED).await;
-            let span = tracing::info_span!("membership", namespace = %key.0, service = %key.1);
+            let span = tracing::info_span!(
+                "membership",
+                cluster = "hub",
+                kind = "NetworkService",
+                namespace = %key.0,
+                name = %key.1
+            );
             let result = tracing::Instrument::instrument(self.reconcile(&key), span.clone()).await;
             match result {
                 Ok(()) => {
@@ -498,63 +504,75 @@ pub async fn run(args: MembershipArgs) -> anyhow::Result<()> {
 
     let mut tasks = tokio::task::JoinSet::new();
     let c = Arc::clone(&controller);
-    tasks.spawn(c.watch(
-        Api::<DynamicObject>::all_with(hub.clone(), &interface_resource()),
-        watcher::Config::default(),
-        interfaces,
-        0b0001,
-        |c: &Controller, e: &Event<DynamicObject>| match e {
-            Event::Apply(o) | Event::InitApply(o) => c.interface_changed(o, false),
-            Event::Delete(o) => c.interface_changed(o, true),
-            Event::Init | Event::InitDone => {}
-        },
-        cancel.clone(),
+    tasks.spawn(tracing::Instrument::instrument(
+        c.watch(
+            Api::<DynamicObject>::all_with(hub.clone(), &interface_resource()),
+            watcher::Config::default(),
+            interfaces,
+            0b0001,
+            |c: &Controller, e: &Event<DynamicObject>| match e {
+                Event::Apply(o) | Event::InitApply(o) => c.interface_changed(o, false),
+                Event::Delete(o) => c.interface_changed(o, true),
+                Event::Init | Event::InitDone => {}
+            },
+            cancel.clone(),
+        ),
+        tracing::info_span!("watch", cluster = "hub", kind = "NetworkInterface"),
     ));
     let c = Arc::clone(&controller);
-    tasks.spawn(c.watch(
-        Api::<DynamicObject>::all_with(hub.clone(), &service_resource()),
-        watcher::Config::default(),
-        services,
-        0b0010,
-        |c: &Controller, e: &Event<DynamicObject>| match e {
-            Event::Apply(o) | Event::InitApply(o) | Event::Delete(o) => c.queue.add(Controller::key_of(o)),
-            Event::Init | Event::InitDone => {}
-        },
-        cancel.clone(),
+    tasks.spawn(tracing::Instrument::instrument(
+        c.watch(
+            Api::<DynamicObject>::all_with(hub.clone(), &service_resource()),
+            watcher::Config::default(),
+            services,
+            0b0010,
+            |c: &Controller, e: &Event<DynamicObject>| match e {
+                Event::Apply(o) | Event::InitApply(o) | Event::Delete(o) => c.queue.add(Controller::key_of(o)),
+                Event::Init | Event::InitDone => {}
+            },
+            cancel.clone(),
+        ),
+        tracing::info_span!("watch", cluster = "hub", kind = "NetworkService"),
     ));
     let c = Arc::clone(&controller);
-    tasks.spawn(c.watch(
-        Api::<EndpointSlice>::all(hub.clone()),
-        watcher::Config::default().labels(endpoints::NETWORK_SERVICE_LABEL),
-        slices,
-        0b0100,
-        |c: &Controller, e: &Event<EndpointSlice>| match e {
-            Event::Apply(o) | Event::Delete(o) => {
-                for owner in o.owner_references().iter().filter(|o| o.kind == "NetworkService") {
-                    c.queue.add((o.namespace().unwrap_or_default(), owner.name.clone()));
+    tasks.spawn(tracing::Instrument::instrument(
+        c.watch(
+            Api::<EndpointSlice>::all(hub.clone()),
+            watcher::Config::default().labels(endpoints::NETWORK_SERVICE_LABEL),
+            slices,
+            0b0100,
+            |c: &Controller, e: &Event<EndpointSlice>| match e {
+                Event::Apply(o) | Event::Delete(o) => {
+                    for owner in o.owner_references().iter().filter(|o| o.kind == "NetworkService") {
+                        c.queue.add((o.namespace().unwrap_or_default(), owner.name.clone()));
+                    }
                 }
-            }
-            _ => {}
-        },
-        cancel.clone(),
+                _ => {}
+            },
+            cancel.clone(),
+        ),
+        tracing::info_span!("watch", cluster = "hub", kind = "EndpointSlice"),
     ));
     let c = Arc::clone(&controller);
-    tasks.spawn(c.watch(
-        Api::<Namespace>::all(hub.clone()),
-        watcher::Config::default(),
-        namespaces,
-        0b1000,
-        |c: &Controller, e: &Event<Namespace>| {
-            if let Event::Apply(ns) = e {
-                for s in c
-                    .services
-                    .state_filter(|s| s.namespace().as_deref() == Some(ns.name_any().as_str()))
-                {
-                    c.queue.add(Controller::key_of(s.as_ref()));
+    tasks.spawn(tracing::Instrument::instrument(
+        c.watch(
+            Api::<Namespace>::all(hub.clone()),
+            watcher::Config::default(),
+            namespaces,
+            0b1000,
+            |c: &Controller, e: &Event<Namespace>| {
+                if let Event::Apply(ns) = e {
+                    for s in c
+                        .services
+                        .state_filter(|s| s.namespace().as_deref() == Some(ns.name_any().as_str()))
+                    {
+                        c.queue.add(Controller::key_of(s.as_ref()));
+                    }
                 }
-            }
-        },
-        cancel.clone(),
+            },
+            cancel.clone(),
+        ),
+        tracing::info_span!("watch", cluster = "hub", kind = "Namespace"),
     ));
     {
         let (c, health, cancel) = (Arc::clone(&controller), health.clone(), cancel.clone());
