@@ -24,7 +24,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     ffi::OsString,
-    path::{Component, Path, PathBuf},
+    path::{Path, PathBuf},
     process::Stdio,
     time::{Duration, Instant},
 };
@@ -46,6 +46,7 @@ use replicator_e2e::{
     fixtures::{self, CONVERGE, unique},
     metrics, paths,
     process::log_tail,
+    rbac,
     replicator_process::http_get,
 };
 use serde_json::{Value, json};
@@ -258,29 +259,9 @@ async fn render_isolated(
     suffix: &str,
     drop_namespaces: bool,
 ) -> (PathBuf, Vec<Value>) {
-    let dir = scratch.path(&format!("wrap-{}", target.replace('/', "-")));
-    std::fs::create_dir_all(&dir).unwrap();
-    // kustomize refuses absolute resource paths: climb from the wrapper to / and back down.
-    let ups = dir.components().filter(|c| matches!(c, Component::Normal(_))).count();
-    let mut rel = PathBuf::new();
-    for _ in 0..ups {
-        rel.push("..");
-    }
-    let rel = rel.join(config_dir().join(target).strip_prefix("/").unwrap());
-    // What an operator's overlay would do: `namespace:` and `nameSuffix:` only.
-    let mut k = format!(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {}\nnamespace: \"{ns}\"\n\
-         nameSuffix: \"-{suffix}\"\n",
-        rel.display()
-    );
-    if drop_namespaces {
-        k.push_str(
-            "patches:\n- target:\n    kind: Namespace\n  patch: |-\n    $patch: delete\n    apiVersion: v1\n    \
-             kind: Namespace\n    metadata:\n      name: any\n",
-        );
-    }
-    std::fs::write(dir.join("kustomization.yaml"), k).unwrap();
-    let yaml = kustomize(env, &dir).await;
+    let yaml = rbac::render_wrapped(env, &scratch.0, target, ns, suffix, drop_namespaces)
+        .await
+        .unwrap_or_else(|e| panic!("rendering {target}: {e}"));
     let file = scratch.path(&format!("{}.yaml", target.replace('/', "-")));
     std::fs::write(&file, &yaml).unwrap();
     (file, objects(&yaml))
@@ -1062,8 +1043,9 @@ async fn the_roles_grant_exactly_the_verbs_the_code_uses() -> TestResult {
     Ok(())
 }
 
-/// A `replicator` process started by this test (the harness's spawner always passes the admin
-/// cell kubeconfig; here every credential is a service account token). Killed on drop.
+/// A `replicator` process started by this test with the rendered container arguments as they
+/// are (the harness's spawner builds its own command line; both authenticate with service
+/// account tokens, here of accounts in this test's own namespace). Killed on drop.
 struct Running {
     name: String,
     child: tokio::process::Child,
@@ -1302,23 +1284,15 @@ fn registered_names() -> BTreeSet<String> {
 const FIRST_PASS: Duration = Duration::from_secs(120);
 
 /// A kubeconfig for `cluster` authenticating with `token`.
-fn write_kubeconfig(env: &Environment, cluster: Cluster, token: &str, path: &Path) {
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority: {}\n\
-         users:\n- name: u\n  user:\n    token: \"{}\"\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n\
-         current-context: c\n",
-        env.server_url(cluster),
-        env.pki().ca_cert().display(),
-        token.trim()
-    );
-    std::fs::write(path, text).unwrap();
+async fn write_kubeconfig(env: &Environment, cluster: Cluster, token: &str, path: &Path) {
+    rbac::write_token_kubeconfig(env, cluster, &env.server_url(cluster), token, path)
+        .await
+        .unwrap();
 }
 
 /// A token of service account `ns/sa` on `cluster` (TokenRequest).
 async fn token(env: &Environment, cluster: Cluster, ns: &str, sa: &str) -> String {
-    env.kubectl_ok(cluster, ["-n", ns, "create", "token", sa, "--duration=2h"])
-        .await
-        .unwrap()
+    env.service_account_token(cluster, ns, sa, "2h").await.unwrap()
 }
 
 #[tokio::test]
@@ -1368,11 +1342,11 @@ async fn replicator_runs_with_the_rendered_arguments_and_only_the_rendered_rbac(
     let hub_kc = scratch.path("hub.kubeconfig");
     let membership_kc = scratch.path("membership.kubeconfig");
     let t = token(&env, CELL_A, &ns, &rbac.sa(CELL_A, "replicator")).await;
-    write_kubeconfig(&env, CELL_A, &t, &cell_kc);
+    write_kubeconfig(&env, CELL_A, &t, &cell_kc).await;
     let t = token(&env, HUB, &ns, &rbac.sa(HUB, "replicator")).await;
-    write_kubeconfig(&env, HUB, &t, &hub_kc);
+    write_kubeconfig(&env, HUB, &t, &hub_kc).await;
     let t = token(&env, HUB, &ns, &rbac.sa(HUB, "replicator-membership")).await;
-    write_kubeconfig(&env, HUB, &t, &membership_kc);
+    write_kubeconfig(&env, HUB, &t, &membership_kc).await;
 
     let cell_objects = objects(&kustomize(&env, &config_dir().join("overlays/dfw")).await);
     let run_args =
