@@ -1,8 +1,14 @@
 //! A TCP fault proxy for drills: it forwards a loopback port to an upstream address (an
 //! apiserver; TLS passes through untouched, so the upstream's certificate still verifies for
-//! `127.0.0.1`) until a test cuts it. While cut, every open connection is closed and new ones are
-//! accepted and closed at once, as a network partition looks to a client; restoring lets
-//! connections through again.
+//! `127.0.0.1`) until a test injects a partition:
+//!
+//! - [`FaultProxy::cut`]: every open connection is closed and new ones are accepted and closed at
+//!   once, as a refused or reset network looks to a client: it notices at once and retries with
+//!   its backoff;
+//! - [`FaultProxy::blackhole`]: traffic stops silently; open connections and new ones hang, as a
+//!   partition that drops packets looks: the client notices nothing until the link comes back;
+//! - [`FaultProxy::restore`]: connections held by a partition are closed (they did not survive
+//!   it) and new ones pass again.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,12 +19,23 @@ use tokio::sync::watch;
 
 use crate::error::{Result, io_context};
 
+/// What the proxy does with traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Forwarding.
+    Open,
+    /// Closing every connection.
+    Cut,
+    /// Holding every connection without forwarding a byte.
+    Blackhole,
+}
+
 /// A running proxy; dropping it stops it and closes every connection.
 #[derive(Debug)]
 pub struct FaultProxy {
     addr: SocketAddr,
-    /// `true` while connections pass; every change of epoch closes the open tunnels.
-    state: Arc<watch::Sender<(bool, u64)>>,
+    /// The mode and an epoch bumped on every change: a connection ends when the epoch moves.
+    state: Arc<watch::Sender<(Mode, u64)>>,
     accepted: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -35,7 +52,7 @@ impl FaultProxy {
         let addr = listener
             .local_addr()
             .map_err(io_context("reading the fault proxy's address"))?;
-        let state = Arc::new(watch::Sender::new((true, 0)));
+        let state = Arc::new(watch::Sender::new((Mode::Open, 0)));
         let accepted = Arc::new(AtomicU64::new(0));
         let task = tokio::spawn(accept_loop(
             listener,
@@ -62,32 +79,37 @@ impl FaultProxy {
         format!("https://{}", self.addr)
     }
 
-    /// Cuts the link: closes every open connection and refuses (accepts and closes) new ones.
+    /// Cuts the link: closes every open connection and closes new ones as they come.
     pub fn cut(&self) {
-        self.state.send_modify(|(open, epoch)| {
-            *open = false;
-            *epoch += 1;
-        });
-        tracing::info!(addr = %self.addr, "fault proxy cut");
+        self.set(Mode::Cut);
     }
 
-    /// Lets connections through again.
+    /// Drops traffic silently: open and new connections hang until [`FaultProxy::restore`].
+    pub fn blackhole(&self) {
+        self.set(Mode::Blackhole);
+    }
+
+    /// Lets connections through again; those a partition held are closed.
     pub fn restore(&self) {
-        self.state.send_modify(|(open, epoch)| {
-            *open = true;
-            *epoch += 1;
-        });
-        tracing::info!(addr = %self.addr, "fault proxy restored");
+        self.set(Mode::Open);
     }
 
-    /// Whether connections currently pass.
-    pub fn is_open(&self) -> bool {
+    /// The current mode.
+    pub fn mode(&self) -> Mode {
         self.state.borrow().0
     }
 
-    /// Connections accepted so far (passed or refused).
+    /// Connections accepted so far (forwarded, held or closed).
     pub fn accepted(&self) -> u64 {
         self.accepted.load(Ordering::Relaxed)
+    }
+
+    fn set(&self, mode: Mode) {
+        self.state.send_modify(|(m, epoch)| {
+            *m = mode;
+            *epoch += 1;
+        });
+        tracing::info!(addr = %self.addr, ?mode, "fault proxy");
     }
 }
 
@@ -101,7 +123,7 @@ impl Drop for FaultProxy {
 async fn accept_loop(
     listener: TcpListener,
     upstream: SocketAddr,
-    state: Arc<watch::Sender<(bool, u64)>>,
+    state: Arc<watch::Sender<(Mode, u64)>>,
     accepted: Arc<AtomicU64>,
 ) {
     loop {
@@ -109,22 +131,34 @@ async fn accept_loop(
             continue;
         };
         accepted.fetch_add(1, Ordering::Relaxed);
-        let (open, epoch) = *state.borrow();
-        if !open {
-            drop(client);
-            continue;
-        }
+        let (mode, epoch) = *state.borrow();
         let mut changes = state.subscribe();
         tokio::spawn(async move {
             let mut client = client;
-            let Ok(mut server) = TcpStream::connect(upstream).await else {
-                return;
-            };
-            // Dropping both sockets when the epoch changes is what closes the connection.
-            tokio::select! {
-                _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                _ = changes.wait_for(|(_, e)| *e != epoch) => {}
+            match mode {
+                Mode::Cut => {}
+                Mode::Blackhole => {
+                    // Held, never answered, until the mode changes; then closed.
+                    let _ = changes.wait_for(|(_, e)| *e != epoch).await;
+                }
+                Mode::Open => {
+                    let Ok(mut server) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => return,
+                        _ = changes.wait_for(|(_, e)| *e != epoch) => {}
+                    }
+                    let (now, epoch) = *changes.borrow();
+                    if now == Mode::Blackhole {
+                        // The partition holds the connection silently until it ends.
+                        let _ = changes.wait_for(|(_, e)| *e != epoch).await;
+                    }
+                    drop(server);
+                }
             }
+            // Dropping the sockets closes the connection.
+            drop(client);
         });
     }
 }
