@@ -610,7 +610,15 @@ async fn hub_down_for_60_seconds_under_churn() -> TestResult {
         }
     );
     assert!(back_after < Duration::from_secs(120));
-    assert!(r.metric("replicator_hub_up", &[("location", loc.as_str())]).await? == Some(1.0));
+    // The prober reports the hub up again within its one-second period.
+    wait::until(CONVERGE, "replicator_hub_up back to 1", || async {
+        Ok::<_, replicator_e2e::Error>(
+            r.metric("replicator_hub_up", &[("location", loc.as_str())])
+                .await?
+                .filter(|v| *v == 1.0),
+        )
+    })
+    .await?;
 
     // Nothing was deleted because of the outage: exactly the copies whose sources the churn
     // deleted were withdrawn.
