@@ -51,6 +51,11 @@ impl WallTime {
     fn start(test: &'static str) -> WallTime {
         WallTime(test, Instant::now())
     }
+
+    /// Prints how far into the test a phase ended, to see where the wall time goes.
+    fn phase(&self, what: &str) {
+        eprintln!("  [{} +{:.1}s] {what}", self.0, self.1.elapsed().as_secs_f64());
+    }
 }
 
 impl Drop for WallTime {
@@ -350,13 +355,13 @@ impl Runner {
             Kind::Slice => &self.es,
             Kind::Interface => &self.ni,
         };
-        let result = match op.write {
+
+        match op.write {
             Write::Apply(v) => fixtures::apply(&self.cell, resource, &self.body(op.kind, op.index, v))
                 .await
                 .map(|_| ()),
             Write::Delete => fixtures::delete(&self.cell, resource, &self.ns, &Runner::name(op.kind, op.index)).await,
-        };
-        result
+        }
     }
 
     /// Runs `ops` in `lanes` parallel lanes; the ops of one object always share a lane, so
@@ -467,6 +472,7 @@ async fn assert_stays_converged(r: &ReplicatorProcess, cell: &Client, hub: &Clie
 async fn sigkill_in_the_middle_of_a_burst_of_2000_changes() -> TestResult {
     let _wall = WallTime::start("sigkill_in_the_middle_of_a_burst_of_2000_changes");
     let env = Environment::ensure_up().await?;
+    _wall.phase("environment up");
     let (ns, loc) = (unique("kill"), unique("loc"));
     let _tidy = Tidy::new(&env, CELL_A, &[&ns], &loc);
     drill_namespace(&env, CELL_A, &ns).await;
@@ -477,12 +483,14 @@ async fn sigkill_in_the_middle_of_a_burst_of_2000_changes() -> TestResult {
             .args(["--sweep-interval", "3s"])
     };
     let mut r = start(&env, spec()).await;
+    _wall.phase("replicator ready");
 
     let mut churn = Churn::new(&ns, &loc, 300);
     let runner = churn.runner(&cell);
     let seeded = runner.run(churn.seed(150), 16, Arc::default()).await;
     assert_eq!(seeded.failed, 0, "{seeded:?}");
     let base = wait_converged(&cell, &hub, &ns, &loc, &churn_rules(), Duration::from_secs(120)).await;
+    _wall.phase("seed converged");
     eprintln!("seeded: {}", base.summary());
 
     // The burst runs on; the replicator is killed when half of it has been written.
@@ -502,6 +510,7 @@ async fn sigkill_in_the_middle_of_a_burst_of_2000_changes() -> TestResult {
     let killed_at = done.load(Ordering::Relaxed);
     assert!(!status.success(), "SIGKILL, not a clean exit: {status:?}");
     let stats = burst.await?;
+    _wall.phase("burst written, replicator killed half-way");
     eprintln!(
         "burst of 2000 written in {:.1}s ({stats:?}); SIGKILL after {killed_at}",
         t.elapsed().as_secs_f64()
@@ -518,6 +527,7 @@ async fn sigkill_in_the_middle_of_a_burst_of_2000_changes() -> TestResult {
     let t = Instant::now();
     let r = start(&env, spec()).await;
     let report = wait_converged(&cell, &hub, &ns, &loc, &churn_rules(), AFTER_FAULT).await;
+    _wall.phase("restarted and converged");
     announce("sigkill-mid-burst", t.elapsed());
     eprintln!("final: {}", report.summary());
     let expected = churn.live.len();
@@ -527,6 +537,7 @@ async fn sigkill_in_the_middle_of_a_burst_of_2000_changes() -> TestResult {
         "the cell holds what the churn believes is live"
     );
     assert_stays_converged(&r, &cell, &hub, &ns, &loc).await;
+    _wall.phase("stayed converged; tidying up");
     Ok(())
 }
 
@@ -538,6 +549,7 @@ async fn sigkill_in_the_middle_of_a_burst_of_2000_changes() -> TestResult {
 async fn hub_down_for_60_seconds_under_churn() -> TestResult {
     let _wall = WallTime::start("hub_down_for_60_seconds_under_churn");
     let env = Environment::ensure_up().await?;
+    _wall.phase("environment up");
     let (ns, loc) = (unique("hubdown"), unique("loc"));
     let _tidy = Tidy::new(&env, CELL_A, &[&ns], &loc);
     drill_namespace(&env, CELL_A, &ns).await;
@@ -556,9 +568,11 @@ async fn hub_down_for_60_seconds_under_churn() -> TestResult {
     wait_converged(&cell, &hub, &ns, &loc, &churn_rules(), Duration::from_secs(60)).await;
     let before: BTreeMap<(Kind, usize), u32> = churn.live.clone();
     let deletes_before = withdrawals(&r, &loc).await;
+    _wall.phase("seed converged");
 
     env.stop_apiserver(HUB).await?;
     let down_at = Instant::now();
+    _wall.phase("hub stopped");
     let stop = AtomicBool::new(false);
     let (stats, ()) = tokio::join!(paced_churn(&mut churn, &runner, 10, &stop), async {
         wait::until(
@@ -586,6 +600,7 @@ async fn hub_down_for_60_seconds_under_churn() -> TestResult {
 
     // The hub comes back; convergence is timed from the moment its apiserver answers again, while
     // the harness still restarts Karmada's watchers.
+    _wall.phase("outage over");
     let t = Instant::now();
     let hub_url = format!("{}/readyz", env.server_url(HUB));
     let ((), back_after) = tokio::join!(
@@ -610,6 +625,7 @@ async fn hub_down_for_60_seconds_under_churn() -> TestResult {
         }
     );
     assert!(back_after < Duration::from_secs(120));
+    _wall.phase("hub back and converged");
     // The prober reports the hub up again within its one-second period.
     wait::until(CONVERGE, "replicator_hub_up back to 1", || async {
         Ok::<_, replicator_e2e::Error>(
@@ -629,6 +645,7 @@ async fn hub_down_for_60_seconds_under_churn() -> TestResult {
         "withdrawals: exactly the {gone} deleted sources that had copies"
     );
     assert_stays_converged(&r, &cell, &hub, &ns, &loc).await;
+    _wall.phase("stayed converged; tidying up");
     Ok(())
 }
 
@@ -669,6 +686,7 @@ async fn withdrawals(r: &ReplicatorProcess, loc: &str) -> f64 {
 async fn cell_apiserver_restarted_under_churn() -> TestResult {
     let _wall = WallTime::start("cell_apiserver_restarted_under_churn");
     let env = Environment::ensure_up().await?;
+    _wall.phase("environment up");
     let (ns, loc) = (unique("cellrestart"), unique("loc"));
     let _tidy = Tidy::new(&env, CELL_A, &[&ns], &loc);
     drill_namespace(&env, CELL_A, &ns).await;
@@ -685,6 +703,7 @@ async fn cell_apiserver_restarted_under_churn() -> TestResult {
     let seeded = runner.run(churn.seed(60), 16, Arc::default()).await;
     assert_eq!(seeded.failed, 0, "{seeded:?}");
     wait_converged(&cell, &hub, &ns, &loc, &churn_rules(), Duration::from_secs(60)).await;
+    _wall.phase("seed converged");
 
     let stop = AtomicBool::new(false);
     let mut t = Instant::now();
@@ -693,6 +712,7 @@ async fn cell_apiserver_restarted_under_churn() -> TestResult {
         env.stop_apiserver(CELL_A).await.unwrap();
         env.start_apiserver(CELL_A).await.unwrap();
         t = Instant::now();
+        _wall.phase("cell apiserver restarted");
         // The churn keeps writing to the restarted apiserver until the watches are back.
         wait::until(
             Duration::from_secs(60),
@@ -714,8 +734,10 @@ async fn cell_apiserver_restarted_under_churn() -> TestResult {
     eprintln!("churn around the restart: {stats:?} (refused while the cell was down)");
     let report = wait_converged(&cell, &hub, &ns, &loc, &churn_rules(), AFTER_FAULT).await;
     announce("cell-apiserver-restart", t.elapsed());
+    _wall.phase("converged");
     eprintln!("final: {}", report.summary());
     assert_stays_converged(&r, &cell, &hub, &ns, &loc).await;
+    _wall.phase("stayed converged; tidying up");
     Ok(())
 }
 
@@ -762,8 +784,8 @@ async fn watch_expired(api: &Api<DynamicObject>, rv: &str) -> Result<Option<Stri
 /// 410 Gone, relists, and the relist collects the deleted sources' copies.
 async fn watch_gap_drill(env: &Environment) -> TestResult {
     let (ns, loc) = (unique("gap"), unique("loc"));
-    let _tidy = Tidy::new(&env, CELL_A, &[&ns], &loc);
-    drill_namespace(&env, CELL_A, &ns).await;
+    let _tidy = Tidy::new(env, CELL_A, &[&ns], &loc);
+    drill_namespace(env, CELL_A, &ns).await;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let subnets = fixtures::resource("subnets")?;
     let rules = convergence::default_rules(&["subnets"])?;
@@ -780,12 +802,12 @@ async fn watch_gap_drill(env: &Environment) -> TestResult {
         .dir()
         .join("scratch")
         .join(format!("{loc}-cell-via-proxy.kubeconfig"));
-    ids.write_cell_kubeconfig_via(&env, CELL_A, &proxy.https_url(), &via)
+    ids.write_cell_kubeconfig_via(env, CELL_A, &proxy.https_url(), &via)
         .await?;
     // The periodic sweep is out of the way (10 min): what collects the gap's deletions must be
     // the relist.
     let r = start(
-        &env,
+        env,
         ReplicatorSpec::new(CELL_A)
             .location(&loc)
             .cell_kubeconfig(&via)
@@ -1054,9 +1076,9 @@ async fn refused_writes_drill(env: &Environment) -> TestResult {
     let loc = unique("loc");
     let (ns_ok, ns_a, ns_b) = (format!("{id}-ok"), format!("{id}-invalid"), format!("{id}-forbidden"));
     let ns_c = format!("{id}-terminating");
-    let _tidy = Tidy::new(&env, CELL_B, &[&ns_ok, &ns_a, &ns_b, &ns_c], &loc);
+    let _tidy = Tidy::new(env, CELL_B, &[&ns_ok, &ns_a, &ns_b, &ns_c], &loc);
     for ns in [&ns_ok, &ns_a, &ns_b, &ns_c] {
-        drill_namespace(&env, CELL_B, ns).await;
+        drill_namespace(env, CELL_B, ns).await;
     }
     let (cell, hub) = (env.client(CELL_B).await?, env.client(HUB).await?);
     let (es, net, ctx) = (
@@ -1064,7 +1086,7 @@ async fn refused_writes_drill(env: &Environment) -> TestResult {
         fixtures::resource("networks")?,
         fixtures::resource("networkcontexts")?,
     );
-    let r = start(&env, ReplicatorSpec::new(CELL_B).location(&loc)).await;
+    let r = start(env, ReplicatorSpec::new(CELL_B).location(&loc)).await;
     let slice = |ns: &str, name: &str, reject: bool| {
         let mut s = fixtures::galactic_slice(ns, name, json!([fixtures::pod_endpoint("fd20::1", name)]), None);
         if reject {
@@ -1362,7 +1384,7 @@ async fn refused_writes_drill(env: &Environment) -> TestResult {
         .await
         .unwrap();
         let gone = t.elapsed();
-        drill_namespace(&env, CELL_B, &ns_c).await;
+        drill_namespace(env, CELL_B, &ns_c).await;
         wait_converged(&cell, &hub, &ns_c, &loc, &rules_for(&["networkcontexts"]), CONVERGE).await;
         eprintln!(
             "the terminating namespace went {:.1}s after its hold was released",
@@ -1389,6 +1411,7 @@ async fn refused_writes_drill(env: &Environment) -> TestResult {
 async fn a_watch_gap_past_etcd_compaction_and_writes_the_hub_refuses() -> TestResult {
     let _wall = WallTime::start("a_watch_gap_past_etcd_compaction_and_writes_the_hub_refuses");
     let env = Environment::ensure_up().await?;
+    _wall.phase("environment up");
     let (gap, refused) = tokio::join!(watch_gap_drill(&env), refused_writes_drill(&env));
     // Both are reported; the first failure fails the test.
     if let Err(e) = &gap {

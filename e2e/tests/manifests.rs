@@ -1621,14 +1621,14 @@ async fn remove_deployed(env: &Environment) -> Result<(), replicator_e2e::Error>
     }
     for cluster in [CELL_A, CELL_B] {
         let api = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client(cluster).await?);
-        if let Some(mut ns) = api.get_opt(SYSTEM_NAMESPACE).await? {
-            if ns.metadata.deletion_timestamp.is_some() {
-                ns.spec = Some(k8s_openapi::api::core::v1::NamespaceSpec {
-                    finalizers: Some(vec![]),
-                });
-                api.replace_subresource("finalize", SYSTEM_NAMESPACE, &PostParams::default(), &ns)
-                    .await?;
-            }
+        if let Some(mut ns) = api.get_opt(SYSTEM_NAMESPACE).await?
+            && ns.metadata.deletion_timestamp.is_some()
+        {
+            ns.spec = Some(k8s_openapi::api::core::v1::NamespaceSpec {
+                finalizers: Some(vec![]),
+            });
+            api.replace_subresource("finalize", SYSTEM_NAMESPACE, &PostParams::default(), &ns)
+                .await?;
         }
     }
     for cluster in [HUB, CELL_A, CELL_B] {
