@@ -156,31 +156,42 @@ async fn tidy(
     };
     let (cell, hub) = (client(cell).await?, client(hub).await?);
     let copies = ListParams::default().labels(&format!("{}={location}", replicator::rules::LOCATION_LABEL));
-    for rule in replicator::rules::default_rules() {
-        let resource = rule.resource.api_resource();
-        for ns in namespaces {
-            Api::<DynamicObject>::namespaced_with(cell.clone(), ns, &resource)
-                .delete_collection(&DeleteParams::default(), &ListParams::default())
-                .await?;
-        }
-        let on_hub = Api::<DynamicObject>::all_with(hub.clone(), &resource)
-            .list_metadata(&copies)
-            .await?;
-        let hub_namespaces: std::collections::BTreeSet<String> =
-            on_hub.items.iter().filter_map(|c| c.namespace()).collect();
-        for ns in hub_namespaces {
-            Api::<DynamicObject>::namespaced_with(hub.clone(), &ns, &resource)
-                .delete_collection(&DeleteParams::default(), &copies)
-                .await?;
-        }
-    }
-    let hub_ns = Api::<Namespace>::all(hub);
+    // The hub namespaces go first: the namespace controller empties them of this location's
+    // copies (and everything else) while the rest runs.
+    let hub_ns = Api::<Namespace>::all(hub.clone());
     for ns in namespaces {
         match hub_ns.delete(ns, &DeleteParams::default()).await {
             Ok(_) | Err(kube::Error::Api(_)) => {}
             Err(e) => return Err(e.into()),
         }
     }
+    let mut deletes = Vec::new();
+    for rule in replicator::rules::default_rules() {
+        let resource = rule.resource.api_resource();
+        for ns in namespaces {
+            deletes.push((cell.clone(), ns.clone(), resource.clone(), ListParams::default()));
+        }
+        // Copies of this location elsewhere: of sources other scenarios left in the cell.
+        let on_hub = Api::<DynamicObject>::all_with(hub.clone(), &resource)
+            .list_metadata(&copies)
+            .await?;
+        let elsewhere: std::collections::BTreeSet<String> = on_hub
+            .items
+            .iter()
+            .filter_map(|c| c.namespace())
+            .filter(|ns| !namespaces.contains(ns))
+            .collect();
+        for ns in elsewhere {
+            deletes.push((hub.clone(), ns, resource.clone(), copies.clone()));
+        }
+    }
+    futures::future::try_join_all(deletes.into_iter().map(|(client, ns, resource, selector)| async move {
+        Api::<DynamicObject>::namespaced_with(client, &ns, &resource)
+            .delete_collection(&DeleteParams::default(), &selector)
+            .await
+            .map(|_| ())
+    }))
+    .await?;
     Ok(())
 }
 
@@ -432,17 +443,21 @@ async fn wait_converged(
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// After convergence, another sweep pass and one more change later, the hub still matches
+/// After convergence, a whole sweep pass and one more change later, the hub still matches
 /// the cell exactly: no deleted source came back, nothing was collected that should stay.
 async fn assert_stays_converged(r: &ReplicatorProcess, cell: &Client, hub: &Client, ns: &str, loc: &str) {
     let runs = metric(r, "replicator_sweep_runs_total", &[("location", loc)]).await;
-    wait::until(Duration::from_secs(60), "another sweep pass", || async {
-        let n = r
-            .metric("replicator_sweep_runs_total", &[("location", loc)])
-            .await?
-            .unwrap_or(0.0);
-        Ok::<_, replicator_e2e::Error>((n >= runs + 1.0).then_some(()))
-    })
+    wait::until(
+        Duration::from_secs(60),
+        "a whole sweep pass after convergence",
+        || async {
+            let n = r
+                .metric("replicator_sweep_runs_total", &[("location", loc)])
+                .await?
+                .unwrap_or(0.0);
+            Ok::<_, replicator_e2e::Error>((n >= runs + 2.0).then_some(()))
+        },
+    )
     .await
     .unwrap();
     // A change after the sweeps is the barrier: once its copy is there, everything queued
