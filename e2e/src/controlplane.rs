@@ -925,7 +925,7 @@ async fn stop_all(dir: &Path, state: Option<&State>) -> Result<()> {
 }
 
 /// Takes the state directory's exclusive lock, waiting for another holder if necessary.
-async fn lock_dir(dir: &Path) -> Result<Flock<File>> {
+pub(crate) async fn lock_dir(dir: &Path) -> Result<Flock<File>> {
     let path = dir.join(LOCK_FILE);
     let file = OpenOptions::new()
         .create(true)

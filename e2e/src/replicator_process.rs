@@ -27,6 +27,17 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How many log lines an error about the replicator quotes.
 const LOG_TAIL_LINES: usize = 40;
 
+/// Which credentials a spawned `replicator` gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credentials {
+    /// Tokens of service accounts bound to exactly the ClusterRoles rendered from
+    /// `config/rbac/{cell,hub}` (see [`crate::rbac`]): the default.
+    LeastPrivilege,
+    /// The environment's admin kubeconfigs (`system:masters`), for a scenario that needs them on
+    /// purpose; see [`ReplicatorSpec::admin`].
+    Admin,
+}
+
 /// What to run: which cell, which location name, and any extra arguments or environment.
 #[derive(Debug, Clone)]
 pub struct ReplicatorSpec {
@@ -34,6 +45,8 @@ pub struct ReplicatorSpec {
     location: String,
     binary: Option<PathBuf>,
     hub_kubeconfig: Option<PathBuf>,
+    cell_kubeconfig: Option<PathBuf>,
+    credentials: Credentials,
     membership: bool,
     cells: Vec<(Cluster, String)>,
     args: Vec<OsString>,
@@ -41,13 +54,16 @@ pub struct ReplicatorSpec {
 }
 
 impl ReplicatorSpec {
-    /// A replicator for `cell`, whose `--location` is the cell's name.
+    /// A replicator for `cell`, whose `--location` is the cell's name, running with the
+    /// least-privilege identities ([`Credentials::LeastPrivilege`]).
     pub fn new(cell: Cluster) -> ReplicatorSpec {
         ReplicatorSpec {
             cell,
             location: cell.name().to_owned(),
             binary: None,
             hub_kubeconfig: None,
+            cell_kubeconfig: None,
+            credentials: Credentials::LeastPrivilege,
             membership: false,
             cells: Vec::new(),
             args: Vec::new(),
@@ -74,11 +90,33 @@ impl ReplicatorSpec {
         }
     }
 
-    /// Overrides `--hub-kubeconfig` (default: the environment's hub kubeconfig).
+    /// Overrides `--hub-kubeconfig` (default: the hub identity of the spec's [`Credentials`]).
     #[must_use]
     pub fn hub_kubeconfig(mut self, path: impl Into<PathBuf>) -> ReplicatorSpec {
         self.hub_kubeconfig = Some(path.into());
         self
+    }
+
+    /// Overrides `--cell-kubeconfig` (default: the cell identity of the spec's [`Credentials`]),
+    /// for example with one that reaches the cell through a [`crate::fault_proxy::FaultProxy`].
+    #[must_use]
+    pub fn cell_kubeconfig(mut self, path: impl Into<PathBuf>) -> ReplicatorSpec {
+        self.cell_kubeconfig = Some(path.into());
+        self
+    }
+
+    /// Runs with the environment's admin kubeconfigs instead of the least-privilege service
+    /// accounts. Only for a scenario that needs admin on purpose (say, one about a kind the
+    /// shipped roles rightly do not grant); every other scenario proves the shipped RBAC.
+    #[must_use]
+    pub fn admin(mut self) -> ReplicatorSpec {
+        self.credentials = Credentials::Admin;
+        self
+    }
+
+    /// The credentials the process will run with.
+    pub fn credentials(&self) -> Credentials {
+        self.credentials
     }
 
     /// Overrides `--location`.
@@ -143,7 +181,10 @@ impl ReplicatorProcess {
 
     /// Starts `replicator run --location <loc> --cell-kubeconfig <cell> --hub-kubeconfig <hub>
     /// --metrics-bind-address 127.0.0.1:<free> --health-probe-bind-address 127.0.0.1:<free>
-    /// [extra args]`, logging to `logs/replicator-<location>-<n>.log`.
+    /// [extra args]` (or `replicator membership --hub-kubeconfig <hub> ...`), logging to
+    /// `logs/replicator-<location>-<n>.log`. The kubeconfigs are the least-privilege identities
+    /// of [`Environment::least_privilege`] (created on first use) unless the spec says
+    /// otherwise.
     pub async fn spawn(env: &Environment, spec: ReplicatorSpec) -> Result<ReplicatorProcess> {
         let binary = spec.binary.clone().unwrap_or_else(ReplicatorProcess::binary_path);
         if !binary.is_file() {
@@ -151,10 +192,21 @@ impl ReplicatorProcess {
         }
         let metrics_addr = free_loopback_addr()?;
         let health_addr = free_loopback_addr()?;
-        let hub_kubeconfig = spec
-            .hub_kubeconfig
-            .clone()
-            .unwrap_or_else(|| env.kubeconfig_path(Cluster::Hub));
+        let identities = match spec.credentials {
+            Credentials::LeastPrivilege => Some(env.least_privilege().await?),
+            Credentials::Admin => None,
+        };
+        let hub_kubeconfig = match (&spec.hub_kubeconfig, &identities) {
+            (Some(path), _) => path.clone(),
+            (None, Some(ids)) if spec.membership => ids.membership_kubeconfig(),
+            (None, Some(ids)) => ids.hub_kubeconfig(),
+            (None, None) => env.kubeconfig_path(Cluster::Hub),
+        };
+        let cell_kubeconfig = match (&spec.cell_kubeconfig, &identities) {
+            (Some(path), _) => path.clone(),
+            (None, Some(ids)) if !spec.membership && spec.cells.is_empty() => ids.cell_kubeconfig(spec.cell)?,
+            (None, _) => env.kubeconfig_path(spec.cell),
+        };
         let mut args: Vec<OsString> = if spec.membership {
             vec!["membership".into()]
         } else if !spec.cells.is_empty() {
@@ -162,7 +214,10 @@ impl ReplicatorProcess {
             for (cell, location) in &spec.cells {
                 args.push("--cell".into());
                 let mut value = OsString::from(format!("{location}="));
-                value.push(env.kubeconfig_path(*cell));
+                value.push(match &identities {
+                    Some(ids) => ids.cell_kubeconfig(*cell)?,
+                    None => env.kubeconfig_path(*cell),
+                });
                 args.push(value);
             }
             args
@@ -172,7 +227,7 @@ impl ReplicatorProcess {
                 "--location".into(),
                 spec.location.clone().into(),
                 "--cell-kubeconfig".into(),
-                env.kubeconfig_path(spec.cell).into(),
+                cell_kubeconfig.into(),
             ]
         };
         args.extend([
@@ -183,6 +238,10 @@ impl ReplicatorProcess {
             "--health-probe-bind-address".into(),
             health_addr.to_string().into(),
         ]);
+        if identities.is_some() && !spec.membership {
+            // The rendered Lease Role lives in the identities' namespace, so the Leases do too.
+            args.extend(["--lease-namespace".into(), crate::rbac::NAMESPACE.into()]);
+        }
         args.extend(spec.args.iter().cloned());
         let (log, mut out) = create_log(&env.logs_dir(), &spec.location)?;
         writeln!(

@@ -12,11 +12,17 @@
 //!   arguments and authenticated as the rendered service accounts (real tokens, no admin),
 //!   mirror, withdraw, sweep, write status and slices, and publish Events without a single
 //!   forbidden error;
-//! - every `replicator_*` metric the alerts and the dashboard name is one the code registers.
+//! - every `replicator_*` metric the alerts and the dashboard name is one the code registers;
+//! - deployed for real as the README says (`kubectl apply --server-side -k`: `crds` to the hub
+//!   and both cells, `overlays/dfw` to cell-a, `overlays/sjc` to cell-b, `rbac/hub`, `hub` and
+//!   `monitoring` to the hub, plus the hub kubeconfig Secrets with real tokens), every object is
+//!   live as rendered; then it is all removed again (the CRDs excepted: the harness owns them).
 //!
-//! Everything lands in namespaces and under names of its own (`nameSuffix`), so the shared
-//! environment and concurrent scenarios are not disturbed; cluster-scoped objects are removed at
-//! the end.
+//! Everything but the real deployment lands in namespaces and under names of its own
+//! (`nameSuffix`), so the shared environment and concurrent scenarios are not disturbed;
+//! cluster-scoped objects are removed at the end. The real deployment uses the shipped names
+//! (`replicator-system`, `replicator-cell`, ...), which nothing else in the suite uses: the
+//! harness's own least-privilege identities are suffixed `-e2e` (see `replicator_e2e::rbac`).
 
 // In a test a panic is the failure report, with the value that broke the expectation.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -24,7 +30,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     ffi::OsString,
-    path::{Component, Path, PathBuf},
+    path::{Path, PathBuf},
     process::Stdio,
     time::{Duration, Instant},
 };
@@ -42,10 +48,11 @@ use kube::{
 };
 use replicator::copy::copy_name;
 use replicator_e2e::{
-    CELL_A, Cluster, Environment, HUB, ReplicatorProcess,
+    CELL_A, CELL_B, Cluster, Environment, HUB, ReplicatorProcess,
     fixtures::{self, CONVERGE, unique},
     metrics, paths,
     process::log_tail,
+    rbac,
     replicator_process::http_get,
 };
 use serde_json::{Value, json};
@@ -258,29 +265,9 @@ async fn render_isolated(
     suffix: &str,
     drop_namespaces: bool,
 ) -> (PathBuf, Vec<Value>) {
-    let dir = scratch.path(&format!("wrap-{}", target.replace('/', "-")));
-    std::fs::create_dir_all(&dir).unwrap();
-    // kustomize refuses absolute resource paths: climb from the wrapper to / and back down.
-    let ups = dir.components().filter(|c| matches!(c, Component::Normal(_))).count();
-    let mut rel = PathBuf::new();
-    for _ in 0..ups {
-        rel.push("..");
-    }
-    let rel = rel.join(config_dir().join(target).strip_prefix("/").unwrap());
-    // What an operator's overlay would do: `namespace:` and `nameSuffix:` only.
-    let mut k = format!(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {}\nnamespace: \"{ns}\"\n\
-         nameSuffix: \"-{suffix}\"\n",
-        rel.display()
-    );
-    if drop_namespaces {
-        k.push_str(
-            "patches:\n- target:\n    kind: Namespace\n  patch: |-\n    $patch: delete\n    apiVersion: v1\n    \
-             kind: Namespace\n    metadata:\n      name: any\n",
-        );
-    }
-    std::fs::write(dir.join("kustomization.yaml"), k).unwrap();
-    let yaml = kustomize(env, &dir).await;
+    let yaml = rbac::render_wrapped(env, &scratch.0, target, ns, suffix, drop_namespaces)
+        .await
+        .unwrap_or_else(|e| panic!("rendering {target}: {e}"));
     let file = scratch.path(&format!("{}.yaml", target.replace('/', "-")));
     std::fs::write(&file, &yaml).unwrap();
     (file, objects(&yaml))
@@ -1094,8 +1081,9 @@ async fn the_roles_grant_exactly_the_verbs_the_code_uses() -> TestResult {
     Ok(())
 }
 
-/// A `replicator` process started by this test (the harness's spawner always passes the admin
-/// cell kubeconfig; here every credential is a service account token). Killed on drop.
+/// A `replicator` process started by this test with the rendered container arguments as they
+/// are (the harness's spawner builds its own command line; both authenticate with service
+/// account tokens, here of accounts in this test's own namespace). Killed on drop.
 struct Running {
     name: String,
     child: tokio::process::Child,
@@ -1336,23 +1324,15 @@ fn registered_names() -> BTreeSet<String> {
 const FIRST_PASS: Duration = Duration::from_secs(120);
 
 /// A kubeconfig for `cluster` authenticating with `token`.
-fn write_kubeconfig(env: &Environment, cluster: Cluster, token: &str, path: &Path) {
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority: {}\n\
-         users:\n- name: u\n  user:\n    token: \"{}\"\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n\
-         current-context: c\n",
-        env.server_url(cluster),
-        env.pki().ca_cert().display(),
-        token.trim()
-    );
-    std::fs::write(path, text).unwrap();
+async fn write_kubeconfig(env: &Environment, cluster: Cluster, token: &str, path: &Path) {
+    rbac::write_token_kubeconfig(env, cluster, &env.server_url(cluster), token, path)
+        .await
+        .unwrap();
 }
 
 /// A token of service account `ns/sa` on `cluster` (TokenRequest).
 async fn token(env: &Environment, cluster: Cluster, ns: &str, sa: &str) -> String {
-    env.kubectl_ok(cluster, ["-n", ns, "create", "token", sa, "--duration=2h"])
-        .await
-        .unwrap()
+    env.service_account_token(cluster, ns, sa, "2h").await.unwrap()
 }
 
 #[tokio::test]
@@ -1402,11 +1382,11 @@ async fn replicator_runs_with_the_rendered_arguments_and_only_the_rendered_rbac(
     let hub_kc = scratch.path("hub.kubeconfig");
     let membership_kc = scratch.path("membership.kubeconfig");
     let t = token(&env, CELL_A, &ns, &rbac.sa(CELL_A, "replicator")).await;
-    write_kubeconfig(&env, CELL_A, &t, &cell_kc);
+    write_kubeconfig(&env, CELL_A, &t, &cell_kc).await;
     let t = token(&env, HUB, &ns, &rbac.sa(HUB, "replicator")).await;
-    write_kubeconfig(&env, HUB, &t, &hub_kc);
+    write_kubeconfig(&env, HUB, &t, &hub_kc).await;
     let t = token(&env, HUB, &ns, &rbac.sa(HUB, "replicator-membership")).await;
-    write_kubeconfig(&env, HUB, &t, &membership_kc);
+    write_kubeconfig(&env, HUB, &t, &membership_kc).await;
 
     let cell_objects = objects(&kustomize(&env, &config_dir().join("overlays/dfw")).await);
     let run_args =
@@ -1633,5 +1613,259 @@ async fn replicator_runs_with_the_rendered_arguments_and_only_the_rendered_rbac(
 
     run.stop().await;
     membership.stop().await;
+    Ok(())
+}
+
+/// Where each kustomization goes when deployed as the README says: `crds` to the hub and every
+/// cell, each overlay to its cell, `rbac/hub`, `hub` and `monitoring` to the hub.
+const DEPLOYED: [(&str, Cluster); 8] = [
+    ("crds", HUB),
+    ("crds", CELL_A),
+    ("crds", CELL_B),
+    ("rbac/hub", HUB),
+    ("hub", HUB),
+    ("monitoring", HUB),
+    ("overlays/dfw", CELL_A),
+    ("overlays/sjc", CELL_B),
+];
+/// The namespace every manifest deploys into.
+const SYSTEM_NAMESPACE: &str = "replicator-system";
+
+fn kustomization_dir(dir: &str) -> OsString {
+    config_dir().join(dir).into_os_string()
+}
+
+/// Removes what [`every_manifest_applies_for_real_as_the_readme_says`] applied (never the CRDs,
+/// which the harness installed first and every scenario needs): `kubectl delete -k` of each
+/// kustomization, then, in the cells, the namespace's `kubernetes` finalizer (the cells run no
+/// namespace controller, so nothing else would ever finish the deletion); on the hub the
+/// namespace controller does it. Returns once every namespace is gone.
+async fn remove_deployed(env: &Environment) -> Result<(), replicator_e2e::Error> {
+    for (dir, cluster) in DEPLOYED {
+        if dir == "crds" {
+            continue;
+        }
+        env.kubectl_ok(
+            cluster,
+            [
+                OsString::from("delete"),
+                "--ignore-not-found".into(),
+                "--wait=false".into(),
+                "-k".into(),
+                kustomization_dir(dir),
+            ],
+        )
+        .await?;
+    }
+    for cluster in [CELL_A, CELL_B] {
+        let api = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client(cluster).await?);
+        if let Some(mut ns) = api.get_opt(SYSTEM_NAMESPACE).await?
+            && ns.metadata.deletion_timestamp.is_some()
+        {
+            ns.spec = Some(k8s_openapi::api::core::v1::NamespaceSpec {
+                finalizers: Some(vec![]),
+            });
+            api.replace_subresource("finalize", SYSTEM_NAMESPACE, &PostParams::default(), &ns)
+                .await?;
+        }
+    }
+    for cluster in [HUB, CELL_A, CELL_B] {
+        let api = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client(cluster).await?);
+        let what = format!("namespace {SYSTEM_NAMESPACE} to be gone from {cluster}");
+        replicator_e2e::wait::until(Duration::from_secs(120), &what, || async {
+            Ok::<_, kube::Error>(api.get_opt(SYSTEM_NAMESPACE).await?.is_none().then_some(()))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Runs [`remove_deployed`] when dropped unless the test already did (a panic on the way).
+struct DeployedCleanup {
+    dir: PathBuf,
+    armed: bool,
+}
+
+impl Drop for DeployedCleanup {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let dir = self.dir.clone();
+        // Drop cannot await: a thread with a runtime of its own does the work.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(async {
+                let env = Environment::attach(&dir).await.map_err(std::io::Error::other)?;
+                remove_deployed(&env).await.map_err(std::io::Error::other)
+            })
+        })
+        .join();
+    }
+}
+
+/// Every rendered object of `dir` exists in `cluster` as rendered: `kubectl get -f` of the render
+/// returns live objects that contain every rendered field (the server adds defaults and status).
+async fn assert_live_as_rendered(env: &Environment, scratch: &Scratch, dir: &str, cluster: Cluster) -> usize {
+    let yaml = kustomize(env, &config_dir().join(dir)).await;
+    let rendered = objects(&yaml);
+    let file = scratch.path(&format!("applied-{}-{}.yaml", dir.replace('/', "-"), cluster.name()));
+    std::fs::write(&file, &yaml).unwrap();
+    let live: Value = serde_json::from_str(
+        &env.kubectl_ok(
+            cluster,
+            [
+                OsString::from("get"),
+                "-o".into(),
+                "json".into(),
+                "-f".into(),
+                file.into_os_string(),
+            ],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{dir} not all live in {cluster}: {e}")),
+    )
+    .unwrap();
+    let items = live["items"].as_array().cloned().unwrap_or_else(|| vec![live.clone()]);
+    assert_eq!(items.len(), rendered.len(), "{dir} in {cluster}: every object is live");
+    for want in &rendered {
+        let name = &want["metadata"]["name"];
+        let got = items
+            .iter()
+            .find(|o| o["kind"] == want["kind"] && &o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{dir}: {} {name} not live in {cluster}", want["kind"]));
+        assert!(
+            replicator::copy::contains(got, want),
+            "{dir}: {} {name} in {cluster} differs from the render:\nrendered {want}\nlive {got}",
+            want["kind"]
+        );
+    }
+    rendered.len()
+}
+
+#[tokio::test]
+async fn every_manifest_applies_for_real_as_the_readme_says() -> TestResult {
+    let env = Environment::ensure_up().await?;
+    install_monitoring_crds(&env).await;
+    let scratch = Scratch::new(&unique("deployed"));
+    // A leftover of an interrupted run would make this one pass on stale objects.
+    remove_deployed(&env).await?;
+    let mut cleanup = DeployedCleanup {
+        dir: env.dir().to_path_buf(),
+        armed: true,
+    };
+    // Karmada pushes every hub namespace to every member, and the members run no namespace
+    // controller to ever delete it again: the hub's replicator-system is made first, kept from
+    // that propagation (server-side apply of the manifests leaves the label alone).
+    env.ensure_namespace(HUB, SYSTEM_NAMESPACE).await?;
+
+    for (dir, cluster) in DEPLOYED {
+        let out = env
+            .kubectl(
+                cluster,
+                [
+                    OsString::from("apply"),
+                    "--server-side".into(),
+                    format!("--field-manager={FIELD_MANAGER}").into(),
+                    "-k".into(),
+                    kustomization_dir(dir),
+                ],
+            )
+            .await?;
+        assert!(
+            out.status.success(),
+            "kubectl apply -k config/{dir} to {cluster}: {}",
+            output_text(&out)
+        );
+    }
+    // The hub kubeconfig Secrets the README asks for, with tokens of the applied accounts.
+    let secret = |kubeconfig: &Path| {
+        json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "karmada-hub-kubeconfig", "namespace": SYSTEM_NAMESPACE},
+            "stringData": {"kubeconfig": std::fs::read_to_string(kubeconfig).unwrap()}})
+    };
+    let secret_resource = kube::discovery::ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&());
+    for (sa, clusters) in [
+        ("replicator", vec![CELL_A, CELL_B]),
+        ("replicator-membership", vec![HUB]),
+    ] {
+        let token = env.service_account_token(HUB, SYSTEM_NAMESPACE, sa, "1h").await?;
+        let kubeconfig = scratch.path(&format!("{sa}.kubeconfig"));
+        rbac::write_token_kubeconfig(&env, HUB, &env.server_url(HUB), &token, &kubeconfig).await?;
+        let whoami = env
+            .kubectl_ok(
+                HUB,
+                [
+                    "--kubeconfig",
+                    &kubeconfig.display().to_string(),
+                    "auth",
+                    "whoami",
+                    "-o",
+                    "json",
+                ],
+            )
+            .await?;
+        assert!(
+            whoami.contains(&format!("system:serviceaccount:{SYSTEM_NAMESPACE}:{sa}")),
+            "{whoami}"
+        );
+        for cluster in clusters {
+            fixtures::apply(&env.client(cluster).await?, &secret_resource, &secret(&kubeconfig)).await?;
+        }
+    }
+
+    let mut total = 0;
+    for (dir, cluster) in DEPLOYED {
+        let n = assert_live_as_rendered(&env, &scratch, dir, cluster).await;
+        eprintln!("config/{dir}: {n} objects live in {cluster} as rendered");
+        total += n;
+    }
+    // Each cell runs under its own location.
+    for (cluster, location) in [(CELL_A, "dfw"), (CELL_B, "sjc")] {
+        let configmaps =
+            Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(env.client(cluster).await?, SYSTEM_NAMESPACE);
+        let cms = configmaps.list(&ListParams::default()).await?;
+        let location_cm = cms
+            .items
+            .iter()
+            .find(|c| {
+                c.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("replicator-location-"))
+            })
+            .unwrap_or_else(|| panic!("no location ConfigMap in {cluster}"));
+        assert_eq!(
+            location_cm
+                .data
+                .as_ref()
+                .and_then(|d| d.get("location"))
+                .map(String::as_str),
+            Some(location)
+        );
+        let deployments =
+            Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(env.client(cluster).await?, SYSTEM_NAMESPACE);
+        assert!(deployments.get_opt("replicator").await?.is_some());
+    }
+    // No kubelet, no deployment controller here: the Deployments are accepted objects (live as
+    // rendered above), nothing more. And no member got the hub's namespace from Karmada.
+    let edge = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client(replicator_e2e::EDGE_1).await?);
+    assert!(
+        edge.get_opt(SYSTEM_NAMESPACE).await?.is_none(),
+        "Karmada pushed {SYSTEM_NAMESPACE} to edge-1"
+    );
+    eprintln!("{total} objects applied and live as rendered");
+
+    cleanup.armed = false;
+    remove_deployed(&env).await?;
+    for (cluster, kind, name) in [
+        (CELL_A, "clusterrole", "replicator-cell"),
+        (CELL_B, "clusterrolebinding", "replicator-cell"),
+        (HUB, "clusterrole", "replicator-hub"),
+        (HUB, "clusterrole", "replicator-membership"),
+    ] {
+        let out = env.kubectl(cluster, ["get", kind, name]).await?;
+        assert!(!out.status.success(), "{kind} {name} left in {cluster}");
+    }
     Ok(())
 }

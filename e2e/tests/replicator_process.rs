@@ -36,15 +36,24 @@ async fn a_replicator_that_exits_fails_wait_ready_fast_with_its_log() -> anyhow:
     ensure!(status.code() == Some(3), "exit status {status}");
 
     let log = std::fs::read_to_string(replicator.log_path())?;
+    // By default the process runs as the least-privilege service accounts, never as admin.
+    let ids = env.least_privilege().await?;
     let expected = [
-        format!("--cell-kubeconfig {}", env.kubeconfig_path(CELL_B).display()),
-        format!("--hub-kubeconfig {}", env.kubeconfig_path(HUB).display()),
+        format!("--cell-kubeconfig {}", ids.cell_kubeconfig(CELL_B)?.display()),
+        format!("--hub-kubeconfig {}", ids.hub_kubeconfig().display()),
         "--metrics-bind-address 127.0.0.1:".to_owned(),
         "--health-probe-bind-address 127.0.0.1:".to_owned(),
         "--resync-period 5s".to_owned(),
     ];
     for part in expected {
         ensure!(log.contains(&part), "log lacks {part:?}:\n{log}");
+    }
+    for admin in [env.kubeconfig_path(CELL_B), env.kubeconfig_path(HUB)] {
+        ensure!(
+            !log.contains(&admin.display().to_string()),
+            "admin kubeconfig {} passed by default:\n{log}",
+            admin.display()
+        );
     }
     ensure!(
         replicator
