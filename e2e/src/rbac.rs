@@ -137,11 +137,6 @@ impl Identities {
         self.kubeconfig(&ACCOUNTS[3])
     }
 
-    /// The user name the apiserver authenticates the cell and hub `replicator run` tokens as.
-    pub fn replicator_user() -> String {
-        format!("system:serviceaccount:{NAMESPACE}:replicator-{NAME_SUFFIX}")
-    }
-
     /// Writes to `path` a kubeconfig for `replicator run` in `cell` that reaches the cell at
     /// `server` instead (for example through a fault proxy), with the same token and CA.
     ///
