@@ -17,6 +17,7 @@
 //! # }
 //! ```
 
+pub mod bench;
 pub mod binaries;
 pub mod cluster;
 mod command;
@@ -32,6 +33,7 @@ pub mod paths;
 pub mod pki;
 pub mod ports;
 pub mod process;
+pub mod propagation;
 pub mod replicator_process;
 mod state;
 pub mod wait;
