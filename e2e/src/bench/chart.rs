@@ -153,8 +153,13 @@ pub fn draw(results: &Results, path: &Path) -> anyhow::Result<()> {
                 chart.draw_series(LineSeries::new(points, style))
             }
             .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let dashed = curve.dashed;
             anno.label(curve.label.clone()).legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], ShapeStyle::from(color).stroke_width(2))
+                let style = ShapeStyle::from(color).stroke_width(2);
+                let end = if dashed { x + 7 } else { x + 18 };
+                EmptyElement::at((x, y))
+                    + PathElement::new(vec![(0, 0), (end - x, 0)], style)
+                    + PathElement::new(if dashed { vec![(11, 0), (18, 0)] } else { vec![] }, style)
             });
         }
         chart

@@ -5,8 +5,8 @@
 //! and the instant the cell apiserver answered. A metadata watch on the hub copies (label-selected,
 //! one namespace) records every sighting: the copy's sequence number on ADDED/MODIFIED, or its
 //! DELETED event. A create or update is propagated when the copy first shows its sequence number
-//! or a later one (a later write supersedes an earlier one still queued); a delete when the copy's
-//! DELETED event arrives (copy names are never reused). Writes and sightings are matched after the
+//! or a later one (a later write supersedes an earlier one still queued), or its DELETED event; a
+//! delete when the copy's DELETED event arrives (copy names are never reused). Writes and sightings are matched after the
 //! fact, so the order in which the two arrive does not matter; a sighting that beats the recorded
 //! acknowledgement (both are taken in this process) counts as zero lag.
 
@@ -255,10 +255,12 @@ impl Recorder {
         let mut out = WindowLags::default();
         for ack in inner.acks.iter().filter(|a| a.window == window) {
             let sightings = inner.sightings.get(&ack.copy).map(Vec::as_slice).unwrap_or_default();
+            // A deletion is the last state of a copy (names are never reused): it supersedes
+            // every earlier write still queued, as a later sequence number does.
             let hit = sightings.iter().find(|(seen, _)| match (ack.op, seen) {
-                (Op::Delete, Seen::Deleted) => true,
+                (_, Seen::Deleted) => true,
                 (Op::Create | Op::Update, Seen::Seq(seq)) => *seq >= ack.seq,
-                _ => false,
+                (Op::Delete, Seen::Seq(_)) => false,
             });
             match hit {
                 Some((_, at)) => out.lags.push(at.saturating_duration_since(ack.at)),

@@ -151,7 +151,9 @@ impl Load {
             Kind::Slice => {
                 let index = name.trim_start_matches(|c: char| !c.is_ascii_digit());
                 let index: u32 = index.parse().unwrap_or_default();
-                let address = format!("fd20:0:{:x}:{:x}::10", index >> 16, index & 0xffff);
+                let address =
+                    std::net::Ipv6Addr::new(0xfd20, 0, (index >> 16) as u16, (index & 0xffff) as u16, 0, 0, 0, 0x10)
+                        .to_string();
                 fixtures::galactic_slice(
                     ns,
                     name,

@@ -98,6 +98,9 @@ pub struct LagRow {
     pub lags: Vec<Duration>,
     /// Writes never seen on the hub before the settle deadline.
     pub missing: usize,
+    /// Hub requests the mirror made during the window and its settling, by verb (the
+    /// replicator's own count; empty for the relay, which makes one per cell event).
+    pub hub_requests: BTreeMap<String, u64>,
 }
 
 /// One mirror (replicator or relay) over one object count.
@@ -279,7 +282,7 @@ pub async fn run_count(
     for replicator in &mut replicators {
         replicator.wait_ready(options.timeout).await?;
     }
-    let rows = churn_all(&load, &recorder, options, "replicator").await?;
+    let rows = churn_all(&load, &recorder, options, "replicator", &replicators).await?;
     let peak_rss = peaks(replicators.iter().map(|r| (r.location().to_owned(), r.pid())));
     for replicator in &mut replicators {
         replicator.terminate(Duration::from_secs(10)).await?;
@@ -323,7 +326,7 @@ pub async fn run_count(
         .context("relay start-up")?;
     let startup = present.saturating_duration_since(start);
     eprintln!("[bench]   relay: all copies in {:.1}s", startup.as_secs_f64());
-    let rows = churn_all(&load, &recorder, options, "relay").await?;
+    let rows = churn_all(&load, &recorder, options, "relay", &[]).await?;
     let peak_rss = peaks(
         relays
             .iter()
@@ -364,15 +367,29 @@ pub async fn run_count(
     })
 }
 
-/// Churns at every rate, each window followed by its settle wait.
-async fn churn_all(load: &Arc<Load>, recorder: &Recorder, options: &Options, who: &str) -> anyhow::Result<Vec<LagRow>> {
+/// Churns at every rate, each window followed by its settle wait; counts the hub requests of
+/// `replicators` (if any) over each window.
+async fn churn_all(
+    load: &Arc<Load>,
+    recorder: &Recorder,
+    options: &Options,
+    who: &str,
+    replicators: &[ReplicatorProcess],
+) -> anyhow::Result<Vec<LagRow>> {
     let mut rows = Vec::new();
     for (window, &rate) in options.rates.iter().enumerate() {
+        let before = hub_requests(replicators).await?;
         let stats = load.churn(rate, options.churn, recorder, window).await?;
         let missing = recorder.settle(window, options.settle).await;
         let lags = recorder.lags(window);
+        let after = hub_requests(replicators).await?;
+        let hub_requests: BTreeMap<String, u64> = after
+            .iter()
+            .map(|(verb, n)| (verb.clone(), n.saturating_sub(before.get(verb).copied().unwrap_or(0))))
+            .filter(|(_, n)| *n > 0)
+            .collect();
         eprintln!(
-            "[bench]   {who} at {rate}/s: {} writes ({:.0}/s), p50 {:.0} ms, p99 {:.0} ms, {missing} missing",
+            "[bench]   {who} at {rate}/s: {} writes ({:.0}/s), p50 {:.0} ms, p99 {:.0} ms, {missing} missing; hub requests {hub_requests:?}",
             stats.acked,
             stats.achieved(),
             propagation::quantile(&lags.lags, 0.5).unwrap_or_default().as_secs_f64() * 1e3,
@@ -385,9 +402,23 @@ async fn churn_all(load: &Arc<Load>, recorder: &Recorder, options: &Options, who
             stats,
             lags: lags.lags,
             missing,
+            hub_requests,
         });
     }
     Ok(rows)
+}
+
+/// Hub requests of `replicators` so far, by verb (watches excluded).
+async fn hub_requests(replicators: &[ReplicatorProcess]) -> anyhow::Result<BTreeMap<String, u64>> {
+    let mut out = BTreeMap::new();
+    for replicator in replicators {
+        for ((cluster, verb), n) in requests(&replicator.scrape_metrics().await?) {
+            if cluster == "hub" && verb != "watch" {
+                *out.entry(verb).or_insert(0) += n;
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn peaks(processes: impl Iterator<Item = (String, u32)>) -> BTreeMap<String, u64> {

@@ -5,8 +5,9 @@
 //!
 //! It watches the same sources as the replicator (the default rules' server-side selectors for
 //! galactic EndpointSlices and NetworkInterfaces), names copies the same way
-//! (`<name>-<location>`), and writes with as many concurrent writers as the replicator has
-//! workers: events are sharded by object, so the writes of one object stay in order. Copies
+//! (`<name>-<location>`), and writes with as many concurrent writers (for both kinds together) as
+//! the replicator has workers: events are sharded by object, so the writes of one object stay in
+//! order. Copies
 //! carry [`RELAY_LABEL`] instead of the replicator's location label.
 
 use std::collections::hash_map::DefaultHasher;
@@ -24,10 +25,12 @@ use tokio::sync::mpsc;
 /// The label on relay copies; its value is the relay's location.
 pub const RELAY_LABEL: &str = "replicator-bench.datumapis.com/relay";
 
-/// One relayed change: the object to apply, or the name of a deleted one.
-enum Change {
-    Apply(Box<DynamicObject>),
-    Delete { namespace: String, name: String },
+/// One relayed change: the object to apply, or (`object: None`) a deleted one.
+struct Change {
+    resource: ApiResource,
+    namespace: String,
+    name: String,
+    object: Option<Box<DynamicObject>>,
 }
 
 /// Runs the relay for `location` until the process ends: one watch per kind on `cell`, `workers`
@@ -38,7 +41,11 @@ enum Change {
 pub async fn run(cell: Client, hub: Client, location: String, workers: usize) -> anyhow::Result<()> {
     let workers = workers.max(1);
     let mut tasks = tokio::task::JoinSet::new();
-    let mut shards = Vec::new();
+    // One set of writers for both kinds, as the replicator's workers serve every kind.
+    let (shards, receivers): (Vec<_>, Vec<_>) = (0..workers).map(|_| mpsc::unbounded_channel::<Change>()).unzip();
+    for rx in receivers {
+        tasks.spawn(write(hub.clone(), location.clone(), rx));
+    }
     for kinds in ["endpointslices", "networkinterfaces"] {
         let rule = default_rules()
             .into_iter()
@@ -46,36 +53,33 @@ pub async fn run(cell: Client, hub: Client, location: String, workers: usize) ->
             .ok_or_else(|| anyhow::anyhow!("no default rule {kinds}"))?;
         let resource = rule.resource.api_resource();
         let selector = rules::source_selector(&rule)?;
-        let (txs, rxs): (Vec<_>, Vec<_>) = (0..workers).map(|_| mpsc::unbounded_channel::<Change>()).unzip();
-        for rx in rxs {
-            tasks.spawn(write(hub.clone(), resource.clone(), location.clone(), rx));
-        }
-        shards.push(txs.clone());
+        let shards = shards.clone();
         let api = Api::<DynamicObject>::all_with(cell.clone(), &resource);
         let config = watcher::Config::default().labels_from(&selector);
         tasks.spawn(async move {
             let mut events = std::pin::pin!(watcher::watcher(api, config));
             while let Some(event) = events.next().await {
-                let change = match event {
-                    Ok(Event::Apply(o) | Event::InitApply(o)) => Change::Apply(Box::new(o)),
-                    Ok(Event::Delete(o)) => Change::Delete {
-                        namespace: o.namespace().unwrap_or_default(),
-                        name: o.name_any(),
-                    },
+                let (namespace, name, object) = match event {
+                    Ok(Event::Apply(o) | Event::InitApply(o)) => {
+                        (o.namespace().unwrap_or_default(), o.name_any(), Some(o))
+                    }
+                    Ok(Event::Delete(o)) => (o.namespace().unwrap_or_default(), o.name_any(), None),
                     Ok(Event::Init | Event::InitDone) => continue,
                     Err(error) => {
                         tracing::warn!(%error, "relay watch failed; retrying");
                         continue;
                     }
                 };
-                let (namespace, name) = match &change {
-                    Change::Apply(o) => (o.namespace().unwrap_or_default(), o.name_any()),
-                    Change::Delete { namespace, name } => (namespace.clone(), name.clone()),
-                };
                 let mut hasher = DefaultHasher::new();
-                (namespace, name).hash(&mut hasher);
-                let shard = (hasher.finish() % txs.len() as u64) as usize;
-                if txs[shard].send(change).is_err() {
+                (&resource.kind, &namespace, &name).hash(&mut hasher);
+                let shard = (hasher.finish() % shards.len() as u64) as usize;
+                let change = Change {
+                    resource: resource.clone(),
+                    namespace,
+                    name,
+                    object: object.map(Box::new),
+                };
+                if shards[shard].send(change).is_err() {
                     return;
                 }
             }
@@ -110,27 +114,20 @@ pub fn relay_copy(source: &DynamicObject, resource: &ApiResource, location: &str
     Value::Object(body)
 }
 
-async fn write(hub: Client, resource: ApiResource, location: String, mut rx: mpsc::UnboundedReceiver<Change>) {
+async fn write(hub: Client, location: String, mut rx: mpsc::UnboundedReceiver<Change>) {
     let params = PatchParams::apply(&format!("relay-{location}")).force();
     while let Some(change) = rx.recv().await {
-        let result = match change {
-            Change::Apply(source) => {
-                let namespace = source.namespace().unwrap_or_default();
-                let api = Api::<DynamicObject>::namespaced_with(hub.clone(), &namespace, &resource);
-                let body = relay_copy(&source, &resource, &location);
-                let name = format!("{}-{location}", source.name_any());
-                api.patch(&name, &params, &Patch::Apply(&body)).await.map(drop)
+        let api = Api::<DynamicObject>::namespaced_with(hub.clone(), &change.namespace, &change.resource);
+        let copy = format!("{}-{location}", change.name);
+        let result = match &change.object {
+            Some(source) => {
+                let body = relay_copy(source, &change.resource, &location);
+                api.patch(&copy, &params, &Patch::Apply(&body)).await.map(drop)
             }
-            Change::Delete { namespace, name } => {
-                let api = Api::<DynamicObject>::namespaced_with(hub.clone(), &namespace, &resource);
-                match api
-                    .delete(&format!("{name}-{location}"), &DeleteParams::default())
-                    .await
-                {
-                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-                    other => other.map(drop),
-                }
-            }
+            None => match api.delete(&copy, &DeleteParams::default()).await {
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                other => other.map(drop),
+            },
         };
         if let Err(error) = result {
             tracing::warn!(%error, "relay write failed");

@@ -71,6 +71,21 @@ fn pass(p: bool) -> &'static str {
     if p { "**pass**" } else { "**miss**" }
 }
 
+/// Hub requests per acknowledged cell write, with the verbs: `1.80 (get 0.25, patch 1.30, …)`.
+fn per_write(row: &LagRow, relay: bool) -> String {
+    if relay {
+        return "1 per cell event".to_owned();
+    }
+    let writes = row.stats.acked.max(1) as f64;
+    let total: u64 = row.hub_requests.values().sum();
+    let verbs: Vec<String> = row
+        .hub_requests
+        .iter()
+        .map(|(verb, n)| format!("{verb} {:.2}", *n as f64 / writes))
+        .collect();
+    format!("{:.2} ({})", total as f64 / writes, verbs.join(", "))
+}
+
 /// The row of `rate` in `rows` (matched within 1 %).
 fn at_rate(rows: &[LagRow], rate: f64) -> Option<&LagRow> {
     rows.iter().find(|r| (r.stats.rate - rate).abs() <= rate.abs() * 0.01)
@@ -227,7 +242,7 @@ pub fn markdown(results: &Results) -> String {
     );
     let _ = writeln!(
         s,
-        "- **Parameters**: objects {} (each split evenly over cell-a/`dfw`, cell-b/`sjc` × galactic EndpointSlices, NetworkInterfaces); churn {} writes/s, {:.0} s each, cycling update, create, update, delete (population constant); settle ≤ {:.0} s; `--workers {}` (the relay: {} writers per kind); restart with `--sweep-interval {:.0}s`, idle window {:.0} s; Karmada: as many ConfigMaps at {}/s to `{}`.",
+        "- **Parameters**: objects {} (each split evenly over cell-a/`dfw`, cell-b/`sjc` × galactic EndpointSlices, NetworkInterfaces); churn {} writes/s, {:.0} s each, cycling update, create, update, delete (population constant); settle ≤ {:.0} s; `--workers {}` (the relay: {} writers per process); restart with `--sweep-interval {:.0}s`, idle window {:.0} s; Karmada: as many ConfigMaps at {}/s to `{}`.",
         o.counts.iter().map(|c| count(*c)).collect::<Vec<_>>().join(", "),
         o.rates.iter().map(|r| format!("{r}")).collect::<Vec<_>>().join(", "),
         o.churn.as_secs_f64(),
@@ -255,7 +270,7 @@ pub fn markdown(results: &Results) -> String {
     );
     let _ = writeln!(
         s,
-        "| objects | rate asked | mirror | writes (achieved/s) | missing | p50 | p95 | p99 | max | p50 ÷ relay | p95 ÷ relay | p99 ÷ relay | max ÷ relay |\n|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| objects | rate asked | mirror | writes (achieved/s) | missing | hub requests per write | p50 | p95 | p99 | max | p50 ÷ relay | p95 ÷ relay | p99 ÷ relay | max ÷ relay |\n|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for c in &results.counts {
         for (rep, rel) in c.replicator.rows.iter().zip(&c.relay.rows) {
@@ -273,12 +288,13 @@ pub fn markdown(results: &Results) -> String {
                     .collect();
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {name} | {} ({:.0}) | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {name} | {} ({:.0}) | {} | {} | {} | {} | {} | {} | {} |",
                     count(c.objects),
                     row.stats.rate,
                     row.stats.acked,
                     row.stats.achieved(),
                     row.missing,
+                    per_write(row, name == "relay"),
                     opt_ms(q(row, 0.5)),
                     opt_ms(q(row, 0.95)),
                     opt_ms(q(row, 0.99)),

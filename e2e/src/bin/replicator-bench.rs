@@ -56,7 +56,7 @@ struct Cli {
     /// `--sweep-interval` of the restarted replicators, seconds (default 15; short: 2).
     #[arg(long)]
     sweep_seconds: Option<f64>,
-    /// The replicator's `--workers`, and the relay's writers per kind.
+    /// The replicator's `--workers`, and the relay's concurrent writers (per process).
     #[arg(long, default_value_t = 4)]
     workers: usize,
     /// Karmada's creates per second (default: the target rate).
@@ -80,7 +80,7 @@ enum Command {
         /// The hub's kubeconfig.
         #[arg(long)]
         hub_kubeconfig: PathBuf,
-        /// Concurrent hub writers per kind.
+        /// Concurrent hub writers (both kinds together).
         #[arg(long, default_value_t = 4)]
         workers: usize,
     },
