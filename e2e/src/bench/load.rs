@@ -140,6 +140,16 @@ impl Load {
         lock(&self.population).live.len()
     }
 
+    /// How many objects exist now in the cell of `location`.
+    pub fn population_of(&self, location: &str) -> usize {
+        let population = lock(&self.population);
+        population
+            .live
+            .iter()
+            .filter(|id| self.targets[population.objects[**id].target].location == location)
+            .count()
+    }
+
     /// The copy name of object `name` published from `location` (`<name>-<location>`).
     pub fn copy_name(name: &str, location: &str) -> String {
         format!("{name}-{location}")

@@ -49,6 +49,16 @@ use crate::{CELL_A, CELL_B, Cluster, Environment, HUB, ReplicatorProcess, Replic
 use lag::Recorder;
 use load::{ChurnStats, Load};
 
+/// When the run started, for progress lines.
+static STARTED: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+/// Prints a progress line to stderr: `[bench +12.3s] ...`.
+macro_rules! progress {
+    ($($arg:tt)*) => {
+        eprintln!("[bench +{:.1}s] {}", STARTED.get_or_init(Instant::now).elapsed().as_secs_f64(), format!($($arg)*))
+    };
+}
+
 /// The label generated policies carry (`replicator policies`).
 const GENERATED_BY_LABEL: &str = "replicator.datumapis.com/generated-by";
 /// The replicator's location label (selects its copies on the hub).
@@ -204,7 +214,7 @@ pub struct Results {
 /// A failed start-up, cell write during population, or Karmada measurement; or copies that
 /// never all appear within the timeout.
 pub async fn run(env: &Environment, options: Options) -> anyhow::Result<Results> {
-    let started = Instant::now();
+    let started = *STARTED.get_or_init(Instant::now);
     let machine = system::Machine::read();
     let mut warnings = Vec::new();
     if !options.replicator_bin.is_file() {
@@ -218,7 +228,7 @@ pub async fn run(env: &Environment, options: Options) -> anyhow::Result<Results>
     let mut counts = Vec::new();
     let mut outcome = Ok(());
     for &objects in &options.counts {
-        eprintln!("[bench] {objects} objects");
+        progress!("{objects} objects");
         match run_count(env, &options, objects, &run_id).await {
             Ok(result) => counts.push(result),
             Err(error) => {
@@ -258,7 +268,7 @@ pub async fn run_count(
     let t = Instant::now();
     load.populate(objects).await?;
     let populate = t.elapsed();
-    eprintln!("[bench]   populated {objects} in {:.1}s", populate.as_secs_f64());
+    progress!(" populated {objects} in {:.1}s", populate.as_secs_f64());
 
     // 1. The replicator, from an empty hub.
     let cancel = CancellationToken::new();
@@ -278,7 +288,7 @@ pub async fn run_count(
         .await
         .context("replicator start-up")?;
     let startup = present.saturating_duration_since(start);
-    eprintln!("[bench]   replicator: all copies in {:.1}s", startup.as_secs_f64());
+    progress!(" replicator: all copies in {:.1}s", startup.as_secs_f64());
     for replicator in &mut replicators {
         replicator.wait_ready(options.timeout).await?;
     }
@@ -295,9 +305,9 @@ pub async fn run_count(
     };
 
     // 2. Restart over correct copies, then rest.
-    let rest = rest(env, options, objects, &namespace).await?;
-    eprintln!(
-        "[bench]   restart: ready {:.2}s, {} writes; idle {} requests",
+    let rest = rest(env, options, &load).await?;
+    progress!(
+        " restart: ready {:.2}s, {} writes; idle {} requests",
         rest.ready.as_secs_f64(),
         rest.restart_hub_write_requests,
         rest.total()
@@ -325,7 +335,7 @@ pub async fn run_count(
         .await
         .context("relay start-up")?;
     let startup = present.saturating_duration_since(start);
-    eprintln!("[bench]   relay: all copies in {:.1}s", startup.as_secs_f64());
+    progress!(" relay: all copies in {:.1}s", startup.as_secs_f64());
     let rows = churn_all(&load, &recorder, options, "relay", &[]).await?;
     let peak_rss = peaks(
         relays
@@ -346,7 +356,7 @@ pub async fn run_count(
     load.delete_all().await?;
 
     // 4. Karmada's own propagation of as many objects.
-    eprintln!("[bench]   Karmada: {objects} objects to {}", options.peer_member);
+    progress!(" Karmada: {objects} objects to {}", options.peer_member);
     let karmada = propagation::measure(
         env,
         &propagation::Params {
@@ -388,8 +398,8 @@ async fn churn_all(
             .map(|(verb, n)| (verb.clone(), n.saturating_sub(before.get(verb).copied().unwrap_or(0))))
             .filter(|(_, n)| *n > 0)
             .collect();
-        eprintln!(
-            "[bench]   {who} at {rate}/s: {} writes ({:.0}/s), p50 {:.0} ms, p99 {:.0} ms, {missing} missing; hub requests {hub_requests:?}",
+        progress!(
+            " {who} at {rate}/s: {} writes ({:.0}/s), p50 {:.0} ms, p99 {:.0} ms, {missing} missing; hub requests {hub_requests:?}",
             stats.acked,
             stats.achieved(),
             propagation::quantile(&lags.lags, 0.5).unwrap_or_default().as_secs_f64() * 1e3,
@@ -512,7 +522,8 @@ fn written(text: &str) -> u64 {
 }
 
 /// Restarts the replicators over correct copies and measures the restart and an idle window.
-async fn rest(env: &Environment, options: &Options, objects: usize, namespace: &str) -> anyhow::Result<Rest> {
+async fn rest(env: &Environment, options: &Options, load: &Load) -> anyhow::Result<Rest> {
+    let namespace = load.namespace();
     let start = Instant::now();
     let mut replicators = spawn_replicators(env, options, Some(options.sweep_interval)).await?;
     // Poll /readyz every 20 ms, both at once, so the figure is not the poll interval.
@@ -532,13 +543,13 @@ async fn rest(env: &Environment, options: &Options, objects: usize, namespace: &
     }
     // Every copy re-verified (each bench source counted once per process as a write or a skip)
     // and the start-up sweep done.
-    let share = (objects / 2) as f64;
     let mut verified = Duration::ZERO;
     let mut restart_writes = 0;
     let mut restart_hub_write_requests = 0;
     let mut watch_streams = 0;
     for replicator in &replicators {
         let what = format!("replicator {} to re-verify its copies and sweep", replicator.location());
+        let share = load.population_of(replicator.location()) as f64;
         let text = crate::wait::until(options.timeout, &what, || async {
             let text = replicator.scrape_metrics().await?;
             let done = sum(&text, "replicator_writes_total", &[]) >= share
@@ -675,7 +686,7 @@ async fn suspend_policies(env: &Environment, warnings: &mut Vec<String>) -> anyh
                     &api
                 };
                 api.delete(&policy.name_any(), &DeleteParams::default()).await?;
-                eprintln!("[bench] suspended {} {} for the run", resource.kind, policy.name_any());
+                progress!("suspended {} {} for the run", resource.kind, policy.name_any());
                 suspended.push(policy);
             } else {
                 warnings.push(format!(

@@ -62,9 +62,9 @@ struct Cli {
     /// Karmada's creates per second (default: the target rate).
     #[arg(long)]
     peer_rate: Option<f64>,
-    /// Deadline of each start-up and of Karmada's propagation, seconds.
-    #[arg(long, default_value_t = 600)]
-    timeout: u64,
+    /// Deadline of each start-up and of Karmada's propagation, seconds (default 600; short: 120).
+    #[arg(long)]
+    timeout: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -148,7 +148,7 @@ async fn main() -> anyhow::Result<ExitCode> {
         idle: secs(cli.idle_seconds, 60.0, 5.0, short),
         peer_rate: cli.peer_rate.unwrap_or(cli.target_rate),
         peer_member: EDGE_1,
-        timeout: Duration::from_secs(cli.timeout),
+        timeout: Duration::from_secs(cli.timeout.unwrap_or(if short { 120 } else { 600 })),
         replicator_bin: replicator_binary(),
         relay_bin: std::env::current_exe().context("locating this binary (the relay)")?,
         mode: if short { "short" } else { "full" }.to_owned(),
