@@ -75,6 +75,26 @@ pub fn quantile(sorted: &[Duration], q: f64) -> Option<Duration> {
     Some(sorted[rank - 1])
 }
 
+/// Creates `object`, retrying a few times (100 ms, doubling) when the connection fails, as it
+/// may on a loaded machine; an API error or a fifth failure is returned. A retried create may
+/// find the object already created (409): that counts as created.
+async fn create_retrying(api: &Api<ConfigMap>, object: &ConfigMap) -> Result<(), kube::Error> {
+    let mut delay = Duration::from_millis(100);
+    for _ in 0..4 {
+        match api.create(&PostParams::default(), object).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => return Ok(()),
+            Err(error @ (kube::Error::HyperError(_) | kube::Error::Service(_))) => {
+                tracing::warn!(%error, "create failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    api.create(&PostParams::default(), object).await.map(drop)
+}
+
 /// Runs one measurement on `env` (see the module documentation).
 ///
 /// # Errors
@@ -188,7 +208,7 @@ pub async fn measure(env: &Environment, params: &Params) -> anyhow::Result<Outco
         };
         let (api, created) = (hub_config_maps.clone(), Arc::clone(&created));
         creates.spawn(async move {
-            let result = api.create(&PostParams::default(), &object).await;
+            let result = create_retrying(&api, &object).await;
             let at = Instant::now();
             drop(permit);
             result?;

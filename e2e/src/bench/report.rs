@@ -110,8 +110,8 @@ fn renewal_bound(c: &CountResult) -> u64 {
     c.rest.watch_streams * per_stream
 }
 
-/// Marginal resident bytes per mirrored object: between the smallest and largest count when
-/// there are two, else the peak over the count.
+/// Resident bytes per mirrored object: marginal between the smallest and largest count when there
+/// are two, else the replicators' peak above the relays' over the count.
 fn bytes_per_object(results: &Results) -> Option<(f64, String)> {
     let first = results.counts.first()?;
     let last = results.counts.last()?;
@@ -122,9 +122,10 @@ fn bytes_per_object(results: &Results) -> Option<(f64, String)> {
             format!("marginal, {} → {} objects", count(first.objects), count(last.objects)),
         ))
     } else {
+        let above_relay = peak(last) as f64 - last.relay.total_peak_rss() as f64;
         Some((
-            peak(last) as f64 / last.objects.max(1) as f64,
-            "peak ÷ objects".to_owned(),
+            above_relay / last.objects.max(1) as f64,
+            "the replicators' peak above the relays' (which cache nothing), ÷ objects".to_owned(),
         ))
     }
 }

@@ -44,7 +44,7 @@ struct Cli {
     /// The rate the lag targets are judged at.
     #[arg(long, default_value_t = 200.0)]
     target_rate: f64,
-    /// Seconds of churn per rate (default 30; short: 3).
+    /// Seconds of churn per rate (default 30; short: 2).
     #[arg(long)]
     churn_seconds: Option<f64>,
     /// Most seconds to wait after a churn window for its writes to show (default 120; short: 20).
@@ -141,7 +141,7 @@ async fn main() -> anyhow::Result<ExitCode> {
             }
         }),
         target_rate: cli.target_rate,
-        churn: secs(cli.churn_seconds, 30.0, 3.0, short),
+        churn: secs(cli.churn_seconds, 30.0, 2.0, short),
         settle: secs(cli.settle_seconds, 120.0, 20.0, short),
         workers: cli.workers,
         sweep_interval: secs(cli.sweep_seconds, 15.0, 2.0, short),
