@@ -17,6 +17,7 @@
 //! # }
 //! ```
 
+pub mod bench;
 pub mod binaries;
 pub mod cluster;
 mod command;
@@ -35,6 +36,7 @@ pub mod paths;
 pub mod pki;
 pub mod ports;
 pub mod process;
+pub mod propagation;
 pub mod rbac;
 pub mod replicator_process;
 mod state;

@@ -3,12 +3,14 @@
 //! The hub kubeconfig is required, but while its file is missing or empty the process waits and
 //! reports not-ready instead of crash-looping (seed 000: the Secret mount may lag the pod, DESIGN
 //! §5). [`HubHealth`] tracks whether the hub answers, so writers pause during an outage instead
-//! of spinning, and resume as soon as it is back.
+//! of spinning, and resume as soon as it is back. The cell and hub clients count every request
+//! they send in `replicator_api_requests_total{cluster,verb}` ([`crate::metrics::api_requests`]).
 
 use std::{path::Path, sync::Arc, time::Duration};
 
 use kube::{
     Client, Config,
+    client::ClientBuilder,
     config::{KubeConfigOptions, Kubeconfig},
 };
 use tokio::sync::watch;
@@ -37,12 +39,46 @@ pub enum Error {
     Client(#[source] kube::Error),
 }
 
-/// Builds a client from the kubeconfig at `path` (current context).
+/// Which cluster a client talks to: the `cluster` label of `replicator_api_requests_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The cell whose objects are mirrored.
+    Cell,
+    /// The Karmada hub.
+    Hub,
+}
+
+impl Role {
+    /// The metric label value: `cell` or `hub`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Cell => "cell",
+            Self::Hub => "hub",
+        }
+    }
+}
+
+/// A client from `config` whose every request is counted in
+/// `replicator_api_requests_total{cluster=<role>,verb}` as it is sent.
 ///
 /// # Errors
-/// [`Error::Missing`] when the file is absent or empty, [`Error::Kubeconfig`] when it does not
-/// parse, [`Error::Client`] when no client can be built from it.
-pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, Error> {
+/// [`Error::Client`] when no client can be built from the configuration.
+pub fn counted_client(config: Config, role: Role) -> Result<Client, Error> {
+    let counter = tower::util::MapRequestLayer::new(move |request: http::Request<kube::client::Body>| {
+        let labels = crate::metrics::ApiRequestLabels {
+            cluster: role.label(),
+            verb: crate::metrics::api_verb(request.method(), request.uri()),
+        };
+        crate::metrics::api_requests().get_or_create(&labels).inc();
+        request
+    });
+    Ok(ClientBuilder::try_from(config)
+        .map_err(Error::Client)?
+        .with_layer(&counter)
+        .build())
+}
+
+async fn config_from_kubeconfig(path: &Path) -> Result<Config, Error> {
     let display = path.display().to_string();
     match tokio::fs::metadata(path).await {
         Ok(m) if m.len() > 0 => {}
@@ -52,24 +88,32 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, Error> {
         path: display.clone(),
         source,
     })?;
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .map_err(|source| Error::Kubeconfig { path: display, source })?;
-    Client::try_from(config).map_err(Error::Client)
+        .map_err(|source| Error::Kubeconfig { path: display, source })
 }
 
-/// The cell client: from `path` when given, else the in-cluster service account.
+/// Builds a client from the kubeconfig at `path` (current context); its requests are counted as
+/// the hub's.
+///
+/// # Errors
+/// [`Error::Missing`] when the file is absent or empty, [`Error::Kubeconfig`] when it does not
+/// parse, [`Error::Client`] when no client can be built from it.
+pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, Error> {
+    counted_client(config_from_kubeconfig(path).await?, Role::Hub)
+}
+
+/// The cell client: from `path` when given, else the in-cluster service account. Its requests
+/// are counted as the cell's.
 ///
 /// # Errors
 /// As [`client_from_kubeconfig`], or [`Error::InCluster`].
 pub async fn cell_client(path: Option<&Path>) -> Result<Client, Error> {
-    match path {
-        Some(path) => client_from_kubeconfig(path).await,
-        None => {
-            let config = Config::incluster().map_err(Error::InCluster)?;
-            Client::try_from(config).map_err(Error::Client)
-        }
-    }
+    let config = match path {
+        Some(path) => config_from_kubeconfig(path).await?,
+        None => Config::incluster().map_err(Error::InCluster)?,
+    };
+    counted_client(config, Role::Cell)
 }
 
 /// Waits until the hub kubeconfig at `path` yields a client, retrying every `every`.
@@ -221,6 +265,34 @@ mod tests {
         std::fs::write(&garbage, "{not: [yaml").unwrap();
         let result = client_from_kubeconfig(&garbage).await;
         assert!(matches!(result, Err(Error::Kubeconfig { .. })), "{:?}", result.err());
+    }
+
+    #[tokio::test]
+    async fn a_counted_client_counts_each_request_by_cluster_and_verb() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // A one-shot HTTP server answering /version, so the request goes through the real stack.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let _ = socket.read(&mut buf).await.unwrap();
+            let body = r#"{"major":"1","minor":"35","gitVersion":"v1.35.4","gitCommit":"","gitTreeState":"","buildDate":"","goVersion":"","compiler":"","platform":""}"#;
+            let response = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            socket.write_all(response.as_bytes()).await.unwrap();
+        });
+        let labels = crate::metrics::ApiRequestLabels {
+            cluster: "cell",
+            verb: "get",
+        };
+        let before = crate::metrics::api_requests().get_or_create(&labels).get();
+        let client = counted_client(Config::new(url.parse().unwrap()), Role::Cell).unwrap();
+        client.apiserver_version().await.unwrap();
+        assert_eq!(crate::metrics::api_requests().get_or_create(&labels).get(), before + 1);
+        server.await.unwrap();
     }
 
     #[tokio::test]

@@ -291,6 +291,15 @@ pub fn in_sync(desired: &Desired, copy: &DynamicObject) -> bool {
     object_ok && status_ok
 }
 
+/// Whether the hub copy already carries the status `desired` owns: true for kinds whose status
+/// is not carried, else the copy's `status` contains the desired one (see [`contains`]).
+pub fn status_in_sync(desired: &Desired, copy: &DynamicObject) -> bool {
+    desired.status.as_ref().is_none_or(|body| {
+        let wanted = body.get("status").unwrap_or(&Value::Null);
+        copy.data.get("status").is_some_and(|actual| contains(actual, wanted))
+    })
+}
+
 /// Whether `actual` contains `desired`: objects by key (recursively), arrays element-wise with
 /// equal length, scalars by equality; a desired `null` also accepts an absent key.
 pub fn contains(actual: &Value, desired: &Value) -> bool {
@@ -669,6 +678,33 @@ mod tests {
         let mut stale = hub;
         stale["metadata"]["annotations"][CONTENT_HASH_ANNOTATION] = json!("old");
         assert!(!in_sync(&d, &obj(stale)));
+    }
+
+    #[test]
+    fn status_in_sync_looks_at_the_carried_status_only() {
+        let d = publish("networkinterfaces", interface());
+        let mut hub = d.object.clone();
+        hub["status"] = d.status.as_ref().unwrap()["status"].clone();
+        hub["status"]["observedByHub"] = json!(true);
+        assert!(status_in_sync(&d, &obj(hub.clone())), "fields others own are ignored");
+        hub["metadata"]["labels"]["compute.datumapis.com/workload"] = json!("other");
+        assert!(
+            status_in_sync(&d, &obj(hub.clone())),
+            "a label change leaves the status current"
+        );
+        hub["status"]["phase"] = json!("Pending");
+        assert!(!status_in_sync(&d, &obj(hub.clone())));
+        hub.as_object_mut().unwrap().remove("status");
+        assert!(!status_in_sync(&d, &obj(hub)), "a copy without status needs one");
+        let network = publish(
+            "networks",
+            json!({"apiVersion": "networking.datumapis.com/v1alpha", "kind": "Network",
+            "metadata": {"name": "n", "namespace": "ns"}, "spec": {"ipam": {}}}),
+        );
+        assert!(
+            status_in_sync(&network, &obj(network.object.clone())),
+            "spec-only kinds never write status"
+        );
     }
 
     #[test]

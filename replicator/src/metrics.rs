@@ -7,7 +7,7 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
-use std::sync::atomic::AtomicU64;
+use std::sync::{OnceLock, atomic::AtomicU64};
 
 /// Labels of per-kind, per-location series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -61,6 +61,62 @@ pub struct LocationLabels {
     pub location: String,
 }
 
+/// Labels of `replicator_api_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiRequestLabels {
+    /// The cluster the client talks to: `cell` or `hub`.
+    pub cluster: &'static str,
+    /// The Kubernetes verb of the request (see [`api_verb`]).
+    pub verb: &'static str,
+}
+
+/// The process-wide family behind `replicator_api_requests_total`: every Kubernetes API request
+/// the process sends, by cluster and verb, counted when it is sent (see `cluster::cell_client`).
+///
+/// Process-wide because the clients are built before (and independently of) the registry;
+/// [`Metrics::register`] exports it.
+pub fn api_requests() -> &'static Family<ApiRequestLabels, Counter> {
+    static FAMILY: OnceLock<Family<ApiRequestLabels, Counter>> = OnceLock::new();
+    FAMILY.get_or_init(Family::default)
+}
+
+/// The Kubernetes verb of an API request, as the apiserver's audit log names it: `watch`
+/// (`?watch=true`), `list` and `get` (GET of a collection or of one object), `create`, `update`,
+/// `patch`, `delete`, `deletecollection`; `get` for GETs outside `/api` and `/apis` resources
+/// (`/version`, discovery) and `other` for anything else.
+pub fn api_verb(method: &http::Method, uri: &http::Uri) -> &'static str {
+    use http::Method;
+    let watch = uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
+    if watch {
+        return "watch";
+    }
+    let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
+    let resource = match segments.as_slice() {
+        ["api", _, rest @ ..] | ["apis", _, _, rest @ ..] => rest,
+        _ => &[],
+    };
+    // `namespaces/<ns>/<resource>...` is a namespaced resource; `namespaces[/<name>]` itself is
+    // the cluster-scoped Namespace kind.
+    let resource = match resource {
+        ["namespaces", _, tail @ ..] if !tail.is_empty() => tail,
+        other => other,
+    };
+    let collection = resource.len() == 1;
+    match *method {
+        Method::GET if resource.is_empty() => "get",
+        Method::GET if collection => "list",
+        Method::GET => "get",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE if collection => "deletecollection",
+        Method::DELETE => "delete",
+        _ => "other",
+    }
+}
+
 /// Every metric of `replicator run`, registered under the `replicator_` prefix.
 #[derive(Clone)]
 pub struct Metrics {
@@ -93,6 +149,9 @@ pub struct Metrics {
     /// `replicator_withdrawn_total`: copies withdrawn from the hub because their cell stayed
     /// unreachable past the grace period (`--withdraw-unreachable-after`).
     pub withdrawn: Family<KindLabels, Counter>,
+    /// `replicator_api_requests_total`: Kubernetes API requests sent, by cluster and verb (the
+    /// process-wide [`api_requests`]).
+    pub api_requests: Family<ApiRequestLabels, Counter>,
 }
 
 fn lag_histogram() -> Histogram {
@@ -119,6 +178,7 @@ impl Metrics {
             leader: Family::default(),
             cell_up: Family::default(),
             withdrawn: Family::default(),
+            api_requests: api_requests().clone(),
         };
         let r = registry.sub_registry_with_prefix("replicator");
         r.register(
@@ -165,6 +225,11 @@ impl Metrics {
             "withdrawn",
             "Copies withdrawn from the hub because their cell stayed unreachable past the grace period",
             m.withdrawn.clone(),
+        );
+        r.register(
+            "api_requests",
+            "Kubernetes API requests sent, by cluster (cell, hub) and verb (get, list, watch, create, update, patch, delete)",
+            m.api_requests.clone(),
         );
         m
     }
@@ -233,5 +298,60 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }
+    }
+
+    #[test]
+    fn api_verbs_follow_the_audit_names() {
+        let verb = |method: &str, uri: &str| {
+            api_verb(
+                &http::Method::from_bytes(method.as_bytes()).unwrap(),
+                &uri.parse::<http::Uri>().unwrap(),
+            )
+        };
+        let slices = "/apis/discovery.k8s.io/v1/namespaces/ns-1/endpointslices";
+        assert_eq!(
+            verb("GET", "/apis/discovery.k8s.io/v1/endpointslices?labelSelector=a"),
+            "list"
+        );
+        assert_eq!(verb("GET", &format!("{slices}?watch=true&resourceVersion=5")), "watch");
+        assert_eq!(verb("GET", &format!("{slices}/web-dfw")), "get");
+        assert_eq!(
+            verb("PATCH", &format!("{slices}/web-dfw?fieldManager=replicator-dfw")),
+            "patch"
+        );
+        assert_eq!(
+            verb(
+                "PATCH",
+                "/apis/networking.datumapis.com/v1alpha/namespaces/n/networkinterfaces/x/status"
+            ),
+            "patch"
+        );
+        assert_eq!(verb("DELETE", &format!("{slices}/web-dfw")), "delete");
+        assert_eq!(verb("DELETE", slices), "deletecollection");
+        assert_eq!(verb("POST", "/api/v1/namespaces/ns-1/events"), "create");
+        assert_eq!(verb("PUT", "/api/v1/namespaces/ns-1"), "update");
+        assert_eq!(verb("GET", "/api/v1/namespaces"), "list");
+        assert_eq!(verb("GET", "/api/v1/namespaces/ns-1"), "get");
+        assert_eq!(verb("GET", "/api/v1/namespaces?watch=1"), "watch");
+        assert_eq!(verb("GET", "/version"), "get");
+        assert_eq!(verb("GET", "/apis"), "get");
+    }
+
+    #[test]
+    fn api_requests_are_exported_by_cluster_and_verb() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        let labels = ApiRequestLabels {
+            cluster: "hub",
+            verb: "watch",
+        };
+        let before = api_requests().get_or_create(&labels).get();
+        api_requests().get_or_create(&labels).inc();
+        assert_eq!(m.api_requests.get_or_create(&labels).get(), before + 1);
+        let text = encode(&registry).unwrap();
+        assert!(
+            text.contains(r#"replicator_api_requests_total{cluster="hub",verb="watch"}"#),
+            "{text}"
+        );
     }
 }

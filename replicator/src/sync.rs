@@ -1012,7 +1012,12 @@ impl CellSync {
                 api.patch(&copy_name, &params, &Patch::Apply(&desired.object))
                     .await
                     .map_err(Error::Hub)?;
-                if let Some(status) = &desired.status {
+                // A change that leaves the carried status as the copy has it (a label, a spec
+                // field) needs no status write.
+                let status_current = existing
+                    .as_ref()
+                    .is_some_and(|copy| copy::status_in_sync(&desired, copy));
+                if let Some(status) = desired.status.as_ref().filter(|_| !status_current) {
                     api.patch_status(&copy_name, &params, &Patch::Apply(status))
                         .await
                         .map_err(Error::Hub)?;
@@ -1042,8 +1047,21 @@ impl CellSync {
 
     /// Deletes this location's copy `namespace/name` if it exists (UID precondition). Returns
     /// whether a delete was sent. A same-named object without our label is never touched.
+    ///
+    /// The copy in the hub cache (selected by our label) names the UID to delete without a read;
+    /// only when the cache has none, or its UID is stale (409), is the copy read first.
     pub async fn withdraw(&self, state: &RuleState, namespace: &str, name: &str) -> Result<bool, Error> {
         let api = Api::<DynamicObject>::namespaced_with(self.hub.clone(), namespace, &state.resource);
+        let cached = state
+            .copies
+            .get(&ObjectRef::new_with(name, state.resource.clone()).within(namespace))
+            .filter(|copy| copy::published_by(copy, &self.settings.location));
+        if let Some(copy) = cached {
+            match self.delete_uid(&api, name, copy.uid()).await? {
+                Some(deleted) => return Ok(deleted),
+                None => tracing::debug!(copy = %name, "cached UID is stale; reading the copy"),
+            }
+        }
         let Some(copy) = api.get_opt(name).await.map_err(Error::Hub)? else {
             return Ok(false);
         };
@@ -1051,16 +1069,28 @@ impl CellSync {
             tracing::warn!(copy = %name, "not withdrawing: the hub object is not this location's copy");
             return Ok(false);
         }
+        Ok(self.delete_uid(&api, name, copy.uid()).await?.unwrap_or(false))
+    }
+
+    /// Deletes `name` if its UID is `uid`: `Some(true)` deleted, `Some(false)` already gone,
+    /// `None` the UID did not match (409).
+    async fn delete_uid(
+        &self,
+        api: &Api<DynamicObject>,
+        name: &str,
+        uid: Option<String>,
+    ) -> Result<Option<bool>, Error> {
         let params = DeleteParams {
             preconditions: Some(Preconditions {
-                uid: copy.uid(),
+                uid,
                 resource_version: None,
             }),
             ..DeleteParams::default()
         };
         match api.delete(name, &params).await {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+            Ok(_) => Ok(Some(true)),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Some(false)),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
             Err(e) => Err(Error::Hub(e)),
         }
     }
