@@ -121,6 +121,17 @@ async fn delete_all(cell: &Client, ni: &ApiResource, ns: &str, names: &[String])
         .unwrap();
 }
 
+/// Two replicas of `loc` on cell-a, once one leads: (leader, standby).
+async fn leader_and_standby(env: &Environment, loc: &str) -> (ReplicatorProcess, ReplicatorProcess) {
+    let spec = || ReplicatorSpec::new(CELL_A).location(loc);
+    let a = start(env, spec()).await;
+    let b = start(env, spec()).await;
+    match sole_leader(&[&a, &b], loc, Duration::from_secs(30)).await {
+        0 => (a, b),
+        _ => (b, a),
+    }
+}
+
 fn count_lines(p: &ReplicatorProcess, needle: &str) -> usize {
     std::fs::read_to_string(p.log_path())
         .unwrap_or_default()
@@ -136,11 +147,8 @@ async fn the_standby_completes_a_burst_when_the_leader_is_killed() -> TestResult
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let ni = fixtures::resource("networkinterfaces")?;
-    let spec = || ReplicatorSpec::new(CELL_A).location(&loc);
-    let mut a = start(&env, spec()).await;
-    let mut b = start(&env, spec()).await;
-    let first = sole_leader(&[&a, &b], &loc, Duration::from_secs(30)).await;
-    let (leader, standby) = if first == 0 { (&mut a, &mut b) } else { (&mut b, &mut a) };
+    let (mut leader, mut standby) = leader_and_standby(&env, &loc).await;
+    let (leader, standby) = (&mut leader, &mut standby);
     let lists_before = count_lines(standby, "cell list complete");
     assert!(lists_before >= 1, "the standby listed the cell while standing by");
 
@@ -211,11 +219,8 @@ async fn a_stopping_leader_releases_the_lease_and_the_standby_takes_over_at_once
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let ni = fixtures::resource("networkinterfaces")?;
-    let spec = || ReplicatorSpec::new(CELL_A).location(&loc);
-    let mut a = start(&env, spec()).await;
-    let mut b = start(&env, spec()).await;
-    let first = sole_leader(&[&a, &b], &loc, Duration::from_secs(30)).await;
-    let (leader, standby) = if first == 0 { (&mut a, &mut b) } else { (&mut b, &mut a) };
+    let (mut leader, mut standby) = leader_and_standby(&env, &loc).await;
+    let (leader, standby) = (&mut leader, &mut standby);
 
     let t = Instant::now();
     leader.terminate(Duration::from_secs(20)).await?;
