@@ -261,9 +261,8 @@ pub async fn measure(env: &Environment, params: &Params) -> anyhow::Result<Outco
     // Clean up, and wait until Karmada has removed the copies, so that whatever runs next on
     // the environment does not share it with the deletions.
     let selector = ListParams::default().labels(&format!("{BENCH_LABEL}={ns}"));
-    hub_config_maps
-        .delete_collection(&DeleteParams::default(), &selector)
-        .await?;
+    let delete_params = DeleteParams::default();
+    crate::bench::retrying(|| hub_config_maps.delete_collection(&delete_params, &selector)).await?;
     for member in &params.members {
         let api: Api<ConfigMap> = Api::namespaced(env.client(*member).await?, &ns);
         let what = format!("the copies to be gone from {member}");
@@ -273,7 +272,8 @@ pub async fn measure(env: &Environment, params: &Params) -> anyhow::Result<Outco
         })
         .await?;
     }
-    policies.delete(&ns, &DeleteParams::default()).await?;
+    let delete_params = DeleteParams::default();
+    crate::bench::retrying(|| policies.delete(&ns, &delete_params)).await?;
     Ok(Outcome {
         objects: params.objects,
         created_in,

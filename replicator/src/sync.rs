@@ -253,6 +253,9 @@ pub struct CellSync {
     attempts: Mutex<HashMap<Key, u32>>,
     reported: Mutex<HashMap<Key, &'static str>>,
     deferred: Mutex<HashSet<Key>>,
+    /// Resource versions of our own hub writes whose watch events have not arrived yet, per
+    /// (rule, namespace, copy name): their echo needs no second pass.
+    echoes: Mutex<HashMap<(usize, String, String), Vec<String>>>,
     readiness: watch::Sender<u64>,
     gate: watch::Sender<WriteGate>,
     metrics: Metrics,
@@ -348,6 +351,7 @@ impl CellSync {
             attempts: Mutex::default(),
             reported: Mutex::default(),
             deferred: Mutex::default(),
+            echoes: Mutex::default(),
             readiness: watch::Sender::new(0),
             gate: watch::Sender::new(WriteGate::default()),
             metrics,
@@ -622,6 +626,8 @@ impl CellSync {
                         }
                         Event::InitApply(o) => relisting.extend(self.source_key_of_copy(i, o)),
                         Event::InitDone => {
+                            // A relist skips events: echoes still awaited never come.
+                            lock(&self.echoes).retain(|(rule, _, _), _| *rule != i);
                             for key in &relisting {
                                 before_relist.remove(key);
                             }
@@ -632,7 +638,17 @@ impl CellSync {
                             self.hub_health.mark_up();
                             self.bump_readiness();
                         }
-                        Event::Apply(o) | Event::Delete(o) => {
+                        Event::Apply(o) => {
+                            // Our own write coming back needs no second pass; any other change
+                            // (an edit, Karmada's labels) is checked against the source.
+                            if let Some(key) = self.source_key_of_copy(i, o)
+                                && !self.is_echo(i, o)
+                            {
+                                self.queue.add(key);
+                            }
+                        }
+                        Event::Delete(o) => {
+                            lock(&self.echoes).remove(&(i, o.namespace().unwrap_or_default(), o.name_any()));
                             if let Some(key) = self.source_key_of_copy(i, o) {
                                 self.queue.add(key);
                             }
@@ -752,6 +768,38 @@ impl CellSync {
                 );
             }
         }
+    }
+
+    /// Records that our write left copy `namespace/name` of `rule` at `resource_version`.
+    fn expect_echo(&self, rule: usize, namespace: &str, name: &str, resource_version: Option<String>) {
+        if let Some(rv) = resource_version {
+            lock(&self.echoes)
+                .entry((rule, namespace.to_owned(), name.to_owned()))
+                .or_default()
+                .push(rv);
+        }
+    }
+
+    /// Whether the watch event of `copy` is the echo of one of our writes (same resource
+    /// version). Consumes it, with any earlier awaited echo of the copy (a write that changed
+    /// nothing makes no event).
+    fn is_echo(&self, rule: usize, copy: &DynamicObject) -> bool {
+        let Some(rv) = copy.resource_version() else {
+            return false;
+        };
+        let mut echoes = lock(&self.echoes);
+        let id = (rule, copy.namespace().unwrap_or_default(), copy.name_any());
+        let Some(awaited) = echoes.get_mut(&id) else {
+            return false;
+        };
+        let Some(at) = awaited.iter().position(|v| *v == rv) else {
+            return false;
+        };
+        awaited.drain(..=at);
+        if awaited.is_empty() {
+            echoes.remove(&id);
+        }
+        true
     }
 
     fn key(&self, rule: usize, o: &DynamicObject) -> Key {
@@ -1009,18 +1057,22 @@ impl CellSync {
                     }
                 }
                 let params = PatchParams::apply(&self.field_manager).force();
-                api.patch(&copy_name, &params, &Patch::Apply(&desired.object))
+                let applied = api
+                    .patch(&copy_name, &params, &Patch::Apply(&desired.object))
                     .await
                     .map_err(Error::Hub)?;
+                self.expect_echo(key.rule, &key.namespace, &copy_name, applied.resource_version());
                 // A change that leaves the carried status as the copy has it (a label, a spec
                 // field) needs no status write.
                 let status_current = existing
                     .as_ref()
                     .is_some_and(|copy| copy::status_in_sync(&desired, copy));
                 if let Some(status) = desired.status.as_ref().filter(|_| !status_current) {
-                    api.patch_status(&copy_name, &params, &Patch::Apply(status))
+                    let applied = api
+                        .patch_status(&copy_name, &params, &Patch::Apply(status))
                         .await
                         .map_err(Error::Hub)?;
+                    self.expect_echo(key.rule, &key.namespace, &copy_name, applied.resource_version());
                 }
                 self.write_done(
                     key,

@@ -385,10 +385,8 @@ impl Load {
     pub async fn delete_all(&self) -> anyhow::Result<()> {
         let selector = ListParams::default().labels(&format!("{RUN_LABEL}={}", self.run));
         for target in &self.targets {
-            target
-                .api
-                .delete_collection(&DeleteParams::default(), &selector)
-                .await?;
+            let delete_params = DeleteParams::default();
+            super::retrying(|| target.api.delete_collection(&delete_params, &selector)).await?;
         }
         let mut population = lock(&self.population);
         population.live.clear();

@@ -637,12 +637,36 @@ async fn list_floor(env: &Environment, namespace: &str) -> anyhow::Result<Durati
     Ok(start.elapsed())
 }
 
+/// Runs `call` until it succeeds, up to five times (100 ms, doubling, between tries), while it
+/// fails to reach the apiserver: a pooled connection the server closed while idle fails the
+/// next request ("connection closed before message completed"), and a loaded machine drops
+/// some. API errors are returned at once.
+pub async fn retrying<T, F, Fut>(mut call: F) -> Result<T, kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let mut delay = Duration::from_millis(100);
+    for _ in 0..4 {
+        match call().await {
+            Err(error @ (kube::Error::HyperError(_) | kube::Error::Service(_))) => {
+                tracing::warn!(%error, "request failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            other => return other,
+        }
+    }
+    call().await
+}
+
 /// Deletes the copies carrying `label` in `namespace` on the hub and waits until they are gone.
 async fn delete_copies(hub: &Client, namespace: &str, label: &str, deadline: Duration) -> anyhow::Result<()> {
     let selector = ListParams::default().labels(label);
     for kind in lag::churned_kinds()? {
         let api = Api::<DynamicObject>::namespaced_with(hub.clone(), namespace, &kind);
-        api.delete_collection(&DeleteParams::default(), &selector).await?;
+        let delete_params = DeleteParams::default();
+        retrying(|| api.delete_collection(&delete_params, &selector)).await?;
         crate::wait::until(deadline, &format!("{} copies to be gone", kind.kind), || async {
             Ok::<_, kube::Error>(
                 api.list_metadata(&selector.clone().limit(1))

@@ -158,7 +158,7 @@ async fn main() -> anyhow::Result<ExitCode> {
         "--counts and --rates need at least one value"
     );
     anyhow::ensure!(
-        options.counts.iter().all(|c| *c >= 4 && c % 4 == 0),
+        options.counts.iter().all(|c| *c >= 4 && c.is_multiple_of(4)),
         "--counts must be multiples of 4 (two cells × two kinds)"
     );
     let env = Environment::ensure_up().await.context("bringing the environment up")?;
