@@ -431,13 +431,23 @@ impl Environment {
     }
 
     /// Creates the hub namespace of the replicator's Leases ([`LEASE_NAMESPACE`], as
-    /// `config/rbac/hub` does in production) unless it exists.
+    /// `config/rbac/hub` does in production) unless it exists. It carries Karmada's
+    /// skip-propagation label: Karmada would otherwise copy it to every member, where (no
+    /// namespace controller runs there) a test removing the cells' `replicator-system` could not.
     pub async fn ensure_lease_namespace(&self) -> Result<()> {
         use k8s_openapi::api::core::v1::Namespace;
         let api = kube::Api::<Namespace>::all(self.client(Cluster::Hub).await?);
         let namespace = Namespace {
             metadata: kube::api::ObjectMeta {
                 name: Some(LEASE_NAMESPACE.to_owned()),
+                labels: Some(
+                    [(
+                        crate::rbac::KARMADA_SKIP_PROPAGATION_LABEL.to_owned(),
+                        "true".to_owned(),
+                    )]
+                    .into_iter()
+                    .collect(),
+                ),
                 ..Default::default()
             },
             ..Default::default()
