@@ -238,9 +238,15 @@ impl ReplicatorProcess {
             "--health-probe-bind-address".into(),
             health_addr.to_string().into(),
         ]);
-        if identities.is_some() && !spec.membership {
-            // The rendered Lease Role lives in the identities' namespace, so the Leases do too.
-            args.extend(["--lease-namespace".into(), crate::rbac::NAMESPACE.into()]);
+        if !spec.membership {
+            // The rendered Lease Role lives in the identities' namespace, so the Leases do too;
+            // an admin process uses `default`, which no scenario removes.
+            let namespace = if identities.is_some() {
+                crate::rbac::NAMESPACE
+            } else {
+                "default"
+            };
+            args.extend(["--lease-namespace".into(), namespace.into()]);
         }
         args.extend(spec.args.iter().cloned());
         let (log, mut out) = create_log(&env.logs_dir(), &spec.location)?;
