@@ -259,18 +259,27 @@ pub async fn measure(env: &Environment, params: &Params) -> anyhow::Result<Outco
     }
 
     // Clean up, and wait until Karmada has removed the copies, so that whatever runs next on
-    // the environment does not share it with the deletions.
+    // the environment does not share it with the deletions. The measurement is done: a slow
+    // clean-up (Karmada removes 10,000 copies at some 15 per second here, and a collection
+    // delete that large outlives the apiserver's 60 s request timeout while it goes on) is
+    // reported, not fatal.
     let selector = ListParams::default().labels(&format!("{BENCH_LABEL}={ns}"));
     let delete_params = DeleteParams::default();
-    crate::bench::retrying(|| hub_config_maps.delete_collection(&delete_params, &selector)).await?;
+    if let Err(error) = crate::bench::retrying(|| hub_config_maps.delete_collection(&delete_params, &selector)).await {
+        tracing::warn!(%error, "deleting the ConfigMaps did not finish in one request; waiting for them to go");
+    }
+    let cleanup = deadline.max(Duration::from_secs(params.objects as u64 / 5));
     for member in &params.members {
         let api: Api<ConfigMap> = Api::namespaced(env.client(*member).await?, &ns);
         let what = format!("the copies to be gone from {member}");
-        wait::until(deadline, &what, || async {
+        let gone = wait::until(cleanup, &what, || async {
             let left = api.list_metadata(&selector).await?.items.len();
             Ok::<_, anyhow::Error>((left == 0).then_some(()))
         })
-        .await?;
+        .await;
+        if let Err(error) = gone {
+            eprintln!("warning: Karmada's clean-up is not finished: {error}");
+        }
     }
     let delete_params = DeleteParams::default();
     crate::bench::retrying(|| policies.delete(&ns, &delete_params)).await?;

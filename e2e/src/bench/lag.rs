@@ -81,6 +81,9 @@ pub struct WindowLags {
     pub lags: Vec<Duration>,
     /// Writes whose copy never showed them (before the settle deadline).
     pub missing: usize,
+    /// Writes to objects that were created and deleted in the cell before any copy of them
+    /// appeared on the hub (a mirror that coalesces skips them; the hub ends as it should).
+    pub never_published: usize,
 }
 
 fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
@@ -253,6 +256,12 @@ impl Recorder {
     pub fn lags(&self, window: usize) -> WindowLags {
         let inner = lock(&self.inner);
         let mut out = WindowLags::default();
+        let deleted: std::collections::HashSet<&str> = inner
+            .acks
+            .iter()
+            .filter(|a| a.op == Op::Delete)
+            .map(|a| a.copy.as_str())
+            .collect();
         for ack in inner.acks.iter().filter(|a| a.window == window) {
             let sightings = inner.sightings.get(&ack.copy).map(Vec::as_slice).unwrap_or_default();
             // A deletion is the last state of a copy (names are never reused): it supersedes
@@ -264,6 +273,7 @@ impl Recorder {
             });
             match hit {
                 Some((_, at)) => out.lags.push(at.saturating_duration_since(ack.at)),
+                None if sightings.is_empty() && deleted.contains(ack.copy.as_str()) => out.never_published += 1,
                 None => out.missing += 1,
             }
         }

@@ -108,6 +108,9 @@ pub struct LagRow {
     pub lags: Vec<Duration>,
     /// Writes never seen on the hub before the settle deadline.
     pub missing: usize,
+    /// Writes to objects created and deleted before any copy appeared (see
+    /// [`lag::WindowLags::never_published`]); not in the percentiles.
+    pub never_published: usize,
     /// Hub requests the mirror made during the window and its settling, by verb (the
     /// replicator's own count; empty for the relay, which makes one per cell event).
     pub hub_requests: BTreeMap<String, u64>,
@@ -399,7 +402,7 @@ async fn churn_all(
             .filter(|(_, n)| *n > 0)
             .collect();
         progress!(
-            " {who} at {rate}/s: {} writes ({:.0}/s), p50 {:.0} ms, p99 {:.0} ms, {missing} missing; hub requests {hub_requests:?}",
+            " {who} at {rate}/s: {} writes ({:.0}/s), p50 {:.0} ms, p99 {:.0} ms, {missing} missing, {} never published; hub requests {hub_requests:?}",
             stats.acked,
             stats.achieved(),
             propagation::quantile(&lags.lags, 0.5).unwrap_or_default().as_secs_f64() * 1e3,
@@ -407,11 +410,13 @@ async fn churn_all(
                 .unwrap_or_default()
                 .as_secs_f64()
                 * 1e3,
+            lags.never_published,
         );
         rows.push(LagRow {
             stats,
             lags: lags.lags,
             missing,
+            never_published: lags.never_published,
             hub_requests,
         });
     }

@@ -267,7 +267,7 @@ pub fn markdown(results: &Results) -> String {
 
     let _ = writeln!(
         s,
-        "\n## 1. Propagation lag\n\nCell write acknowledged → the copy's event in a hub watch. Baseline: the relay (watch, server-side apply, nothing else) over the same load; ratios are replicator ÷ relay.\n"
+        "\n## 1. Propagation lag\n\nCell write acknowledged → the copy's event in a hub watch. Baseline: the relay (watch, server-side apply, nothing else) over the same load; ratios are replicator ÷ relay. *Missing*: writes the hub never showed within the settle time; *never published*: writes to objects created and deleted before any copy of them appeared (a mirror that coalesces skips them, the hub ends right; they are not in the percentiles, and are only seen when a mirror lags by more than an object's life).\n"
     );
     let _ = writeln!(
         s,
@@ -294,7 +294,11 @@ pub fn markdown(results: &Results) -> String {
                     row.stats.rate,
                     row.stats.acked,
                     row.stats.achieved(),
-                    row.missing,
+                    if row.never_published > 0 {
+                        format!("{} (+{} never published)", row.missing, row.never_published)
+                    } else {
+                        row.missing.to_string()
+                    },
                     per_write(row, name == "relay"),
                     opt_ms(q(row, 0.5)),
                     opt_ms(q(row, 0.95)),
