@@ -422,22 +422,30 @@ impl CellSync {
         }
     }
 
+    /// Re-evaluates readiness after a cache completed a list.
+    ///
+    /// The evaluation and the health update happen inside the readiness channel's write lock:
+    /// reflectors of several kinds finish their lists concurrently, and a caller that read the
+    /// flags before another's list completed must not overwrite the later "ready" verdict with
+    /// its stale "pending" one (seen in CI: a process stayed unready with every list done).
     fn bump_readiness(&self) {
-        self.readiness.send_modify(|v| *v = v.wrapping_add(1));
-        self.release_deferred();
-        let problems: Vec<String> = self
-            .rules
-            .iter()
-            .filter(|r| !r.sources_listed.load(Ordering::Acquire) || !r.copies_listed.load(Ordering::Acquire))
-            .map(|r| r.rule.resource.kind.clone())
-            .collect();
         let key = format!("cell {}", self.settings.location);
-        if problems.is_empty() && self.namespaces_listed.load(Ordering::Acquire) {
-            self.health.clear(&key);
-        } else {
-            self.health
-                .set(&key, format!("initial list pending for {problems:?} or namespaces"));
-        }
+        self.readiness.send_modify(|v| {
+            *v = v.wrapping_add(1);
+            let problems: Vec<String> = self
+                .rules
+                .iter()
+                .filter(|r| !r.sources_listed.load(Ordering::Acquire) || !r.copies_listed.load(Ordering::Acquire))
+                .map(|r| r.rule.resource.kind.clone())
+                .collect();
+            if problems.is_empty() && self.namespaces_listed.load(Ordering::Acquire) {
+                self.health.clear(&key);
+            } else {
+                self.health
+                    .set(&key, format!("initial list pending for {problems:?} or namespaces"));
+            }
+        });
+        self.release_deferred();
     }
 
     /// Whether the caches a key of `rule` needs have all completed a full list.
