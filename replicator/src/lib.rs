@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod api;
+pub mod cache;
 pub mod cli;
 pub mod cluster;
 pub mod copy;

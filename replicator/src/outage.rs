@@ -147,8 +147,8 @@ pub async fn run(sync: Arc<CellSync>, policy: Policy, health: Health, cancel: Ca
 async fn withdraw_all(sync: &CellSync) {
     for state in &sync.rules {
         for copy in state.copies.state() {
-            let namespace = kube::ResourceExt::namespace(copy.as_ref()).unwrap_or_default();
-            let name = kube::ResourceExt::name_any(copy.as_ref());
+            let namespace = copy.namespace().unwrap_or_default().to_owned();
+            let name = copy.name().to_owned();
             match sync.withdraw(state, &namespace, &name).await {
                 Ok(true) => {
                     sync.metrics().withdrawn.get_or_create(&state.labels).inc();

@@ -18,7 +18,6 @@ use kube::{
     Api, ResourceExt,
     api::{DeleteParams, DynamicObject, ListParams, Preconditions},
     core::{Selector, SelectorExt},
-    runtime::reflector::ObjectRef,
 };
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
@@ -113,8 +112,7 @@ pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) 
                 tracing::warn!(parent: &copy_span, "copy lacks source annotations; left alone");
                 continue;
             };
-            let source_ref = ObjectRef::new_with(&name, state.resource.clone()).within(&namespace);
-            if state.sources.get(&source_ref).is_some() {
+            if state.sources.get(&crate::cache::key(&namespace, &name)).is_some() {
                 continue;
             }
             let cell_api = Api::<DynamicObject>::namespaced_with(sync.cell().clone(), &namespace, &state.resource);

@@ -24,9 +24,9 @@ use std::{
 };
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
 use kube::{
-    Api, Client, Resource, ResourceExt,
+    Api, Client, ResourceExt,
     api::{DeleteParams, DynamicObject, Patch, PatchParams, Preconditions},
     discovery::ApiResource,
     runtime::{
@@ -41,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
+    cache::{self, Cached},
     cluster::HubHealth,
     copy::{self, Plan},
     health::Health,
@@ -153,6 +154,18 @@ pub enum Error {
     /// The source cannot be turned into a copy.
     #[error("source cannot be copied: {0}")]
     Source(#[from] copy::Error),
+    /// A cached object could not be read back (see [`crate::cache::Cached::object`]).
+    #[error("cached {what} {namespace}/{name} is unreadable: {source}")]
+    Cache {
+        /// "source" or "copy".
+        what: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The parse error.
+        source: serde_json::Error,
+    },
 }
 
 impl Error {
@@ -161,7 +174,7 @@ impl Error {
         match self {
             Self::Hub(e) => classify(e),
             Self::NotOurs { .. } => ErrorClass::NotOurs,
-            Self::Source(_) => ErrorClass::SourceInvalid,
+            Self::Source(_) | Self::Cache { .. } => ErrorClass::SourceInvalid,
         }
     }
 }
@@ -194,10 +207,10 @@ pub struct RuleState {
     pub resource: ApiResource,
     /// Metric labels of this kind and location.
     pub labels: KindLabels,
-    /// Sources in the cell (the reflector's cache).
-    pub sources: Store<DynamicObject>,
-    /// This location's copies on the hub (the reflector's cache).
-    pub copies: Store<DynamicObject>,
+    /// Sources in the cell (the reflector's cache, in compact form).
+    pub sources: Store<Cached>,
+    /// This location's copies on the hub (the reflector's cache, in compact form).
+    pub copies: Store<Cached>,
     /// The source reflector completed a full list at least once.
     pub sources_listed: AtomicBool,
     /// The source reflector has had no error since its last full list.
@@ -232,8 +245,8 @@ impl WriteGate {
 
 /// The reflector writers handed to [`CellSync::run`], one pair per rule plus namespaces.
 pub struct Writers {
-    sources: Vec<Writer<DynamicObject>>,
-    copies: Vec<Writer<DynamicObject>>,
+    sources: Vec<Writer<Cached>>,
+    copies: Vec<Writer<Cached>>,
     namespaces: Writer<Namespace>,
 }
 
@@ -304,8 +317,8 @@ impl CellSync {
             .into_iter()
             .map(|rule| {
                 let resource = rule.resource.api_resource();
-                let sources = Writer::new(resource.clone());
-                let copies = Writer::new(resource.clone());
+                let sources = Writer::new(());
+                let copies = Writer::new(());
                 let state = RuleState {
                     labels: KindLabels {
                         kind: rule.resource.kind.clone(),
@@ -475,7 +488,7 @@ impl CellSync {
         self.queue.add(key);
     }
 
-    async fn watch_sources(self: Arc<Self>, i: usize, mut writer: Writer<DynamicObject>, cancel: CancellationToken) {
+    async fn watch_sources(self: Arc<Self>, i: usize, mut writer: Writer<Cached>, cancel: CancellationToken) {
         let state = &self.rules[i];
         let kind = state.rule.resource.kind.clone();
         let span = tracing::info_span!("sources", cluster = "cell", location = %self.settings.location, kind = %kind);
@@ -511,7 +524,7 @@ impl CellSync {
                 }
                 Ok(event) => {
                     let event = event.modify(|o| o.managed_fields_mut().clear());
-                    writer.apply_watcher_event(&event);
+                    writer.apply_watcher_event(&cache::event(&event));
                     // An event after an error means the watch resumed (a resumed watch does not
                     // relist, so InitDone alone would leave the kind unhealthy forever).
                     if state.sources_listed.load(Ordering::Acquire)
@@ -527,7 +540,7 @@ impl CellSync {
                                     .sources
                                     .state()
                                     .iter()
-                                    .map(|o| (o.namespace().unwrap_or_default(), o.name_any()))
+                                    .map(|o| (o.namespace().unwrap_or_default().to_owned(), o.name().to_owned()))
                                     .collect()
                             } else {
                                 HashSet::new()
@@ -582,7 +595,7 @@ impl CellSync {
         }
     }
 
-    async fn watch_copies(self: Arc<Self>, i: usize, mut writer: Writer<DynamicObject>, cancel: CancellationToken) {
+    async fn watch_copies(self: Arc<Self>, i: usize, mut writer: Writer<Cached>, cancel: CancellationToken) {
         let state = &self.rules[i];
         let span = tracing::info_span!("copies", cluster = "hub", location = %self.settings.location, kind = %state.rule.resource.kind);
         let api = Api::<DynamicObject>::all_with(self.hub.clone(), &state.resource);
@@ -615,7 +628,7 @@ impl CellSync {
                 }
                 Ok(event) => {
                     let event = event.modify(|o| o.managed_fields_mut().clear());
-                    writer.apply_watcher_event(&event);
+                    writer.apply_watcher_event(&cache::event(&event));
                     match &event {
                         Event::Init => {
                             relisting.clear();
@@ -626,7 +639,8 @@ impl CellSync {
                                     .copies
                                     .state()
                                     .iter()
-                                    .filter_map(|c| self.source_key_of_copy(i, c))
+                                    .filter_map(|c| c.object().ok())
+                                    .filter_map(|c| self.source_key_of_copy(i, &c))
                                     .collect()
                             } else {
                                 HashSet::new()
@@ -764,13 +778,13 @@ impl CellSync {
         for (i, state) in self.rules.iter().enumerate() {
             for o in state
                 .sources
-                .state_filter(|o| o.namespace().as_deref() == Some(namespace))
+                .state_filter(|o| o.namespace() == Some(namespace))
             {
                 self.enqueue(
                     Key {
                         rule: i,
                         namespace: namespace.to_owned(),
-                        name: o.name_any(),
+                        name: o.name().to_owned(),
                     },
                     Some(now),
                 );
@@ -937,11 +951,18 @@ impl CellSync {
     /// Publishes an Event on the source object in the cell; failures are logged, never fatal.
     async fn publish_event(&self, key: &Key, type_: EventType, reason: &str, note: &str) {
         let state = &self.rules[key.rule];
-        let source_ref = ObjectRef::new_with(&key.name, state.resource.clone()).within(&key.namespace);
-        let Some(source) = state.sources.get(&source_ref) else {
+        let Some(source) = state.sources.get(&cache::key(&key.namespace, &key.name)) else {
             return;
         };
-        let reference = source.object_ref(&state.resource);
+        let reference = ObjectReference {
+            api_version: Some(state.resource.api_version.clone()),
+            kind: Some(state.resource.kind.clone()),
+            namespace: source.namespace().map(str::to_owned),
+            name: Some(source.name().to_owned()),
+            uid: source.uid().map(str::to_owned),
+            resource_version: source.resource_version().map(str::to_owned),
+            field_path: None,
+        };
         // Event notes are limited to 1 kB; cut on a character boundary (notes quote source data).
         let note: String = note
             .chars()
@@ -992,10 +1013,9 @@ impl CellSync {
     async fn process(&self, key: &Key) -> Result<(), Error> {
         let state = &self.rules[key.rule];
         let location = &self.settings.location;
-        let source_ref = ObjectRef::new_with(&key.name, state.resource.clone()).within(&key.namespace);
         let copy_name = copy::copy_name(&key.namespace, &key.name, location);
         let ns_key = (key.namespace.clone(), key.name.clone());
-        let Some(source) = state.sources.get(&source_ref) else {
+        let Some(source) = state.sources.get(&cache::key(&key.namespace, &key.name)) else {
             if lock(&state.tombstones).contains(&ns_key) {
                 let deleted = self.withdraw(state, &key.namespace, &copy_name).await?;
                 lock(&state.tombstones).remove(&ns_key);
@@ -1035,6 +1055,12 @@ impl CellSync {
                 return Ok(());
             }
         };
+        let source = source.object().map_err(|e| Error::Cache {
+            what: "source",
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            source: e,
+        })?;
         match copy::plan(&state.rule, location, &source, &routing)? {
             Plan::Ignore | Plan::Hold => {
                 lock(&self.first_seen).remove(key);
@@ -1047,13 +1073,17 @@ impl CellSync {
                 Ok(())
             }
             Plan::Publish(desired) => {
-                let copy_ref = ObjectRef::new_with(&copy_name, state.resource.clone()).within(&key.namespace);
                 let api = Api::<DynamicObject>::namespaced_with(self.hub.clone(), &key.namespace, &state.resource);
-                let existing = match state.copies.get(&copy_ref) {
-                    Some(copy) => Some(copy),
+                let existing = match state.copies.get(&cache::key(&key.namespace, &copy_name)) {
+                    Some(copy) => Some(copy.object().map_err(|e| Error::Cache {
+                        what: "copy",
+                        namespace: key.namespace.clone(),
+                        name: copy_name.clone(),
+                        source: e,
+                    })?),
                     // Not in our cache: make sure the name is not taken by someone else's object
                     // before applying (a forced apply would take over its fields).
-                    None => api.get_opt(&copy_name).await.map_err(Error::Hub)?.map(Arc::new),
+                    None => api.get_opt(&copy_name).await.map_err(Error::Hub)?,
                 };
                 if let Some(copy) = &existing {
                     if !copy::published_by(copy, location) {
@@ -1114,7 +1144,8 @@ impl CellSync {
         let api = Api::<DynamicObject>::namespaced_with(self.hub.clone(), namespace, &state.resource);
         let cached = state
             .copies
-            .get(&ObjectRef::new_with(name, state.resource.clone()).within(namespace))
+            .get(&cache::key(namespace, name))
+            .and_then(|copy| copy.object().ok())
             .filter(|copy| copy::published_by(copy, &self.settings.location));
         if let Some(copy) = cached {
             match self.delete_uid(&api, name, copy.uid()).await? {
@@ -1215,7 +1246,11 @@ impl CellSync {
         let mut n = 0;
         for (i, state) in self.rules.iter().enumerate() {
             for source in state.sources.state() {
-                self.queue.add(self.key(i, &source));
+                self.queue.add(Key {
+                    rule: i,
+                    namespace: source.namespace().unwrap_or_default().to_owned(),
+                    name: source.name().to_owned(),
+                });
                 n += 1;
             }
         }

@@ -26,6 +26,7 @@
 pub mod chart;
 pub mod lag;
 pub mod load;
+pub mod memory;
 pub mod relay;
 pub mod report;
 pub mod system;
@@ -666,7 +667,7 @@ where
 }
 
 /// Deletes the copies carrying `label` in `namespace` on the hub and waits until they are gone.
-async fn delete_copies(hub: &Client, namespace: &str, label: &str, deadline: Duration) -> anyhow::Result<()> {
+pub(crate) async fn delete_copies(hub: &Client, namespace: &str, label: &str, deadline: Duration) -> anyhow::Result<()> {
     let selector = ListParams::default().labels(label);
     for kind in lag::churned_kinds()? {
         let api = Api::<DynamicObject>::namespaced_with(hub.clone(), namespace, &kind);

@@ -84,6 +84,27 @@ enum Command {
         #[arg(long, default_value_t = 4)]
         workers: usize,
     },
+    /// Where the replicator's memory goes: resident memory per phase (start-up, quiet, churn).
+    Memory {
+        /// Objects over both cells and both kinds (a multiple of 4).
+        #[arg(long, default_value_t = 10_000)]
+        objects: usize,
+        /// Churn rate, writes per second.
+        #[arg(long, default_value_t = 200.0)]
+        rate: f64,
+        /// Seconds of churn.
+        #[arg(long, default_value_t = 20.0)]
+        churn_seconds: f64,
+        /// Extra environment of the replicators, `KEY=VALUE` (repeat).
+        #[arg(long = "replicator-env", value_parser = key_value)]
+        replicator_env: Vec<(String, String)>,
+    },
+}
+
+fn key_value(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
 }
 
 fn secs(value: Option<f64>, full: f64, short: f64, is_short: bool) -> Duration {
@@ -126,6 +147,29 @@ async fn main() -> anyhow::Result<ExitCode> {
         let cell = client(&cell_kubeconfig).await?;
         let hub = client(&hub_kubeconfig).await?;
         bench::relay::run(cell, hub, location, workers).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(Command::Memory {
+        objects,
+        rate,
+        churn_seconds,
+        replicator_env,
+    }) = cli.command
+    {
+        anyhow::ensure!(objects >= 4 && objects.is_multiple_of(4), "--objects must be a multiple of 4");
+        let env = Environment::ensure_up().await.context("bringing the environment up")?;
+        let params = bench::memory::Params {
+            objects,
+            rate,
+            churn: Duration::from_secs_f64(churn_seconds),
+            replicator_bin: replicator_binary(),
+            workers: cli.workers,
+            env: replicator_env,
+            timeout: Duration::from_secs(cli.timeout.unwrap_or(600)),
+        };
+        for phase in bench::memory::run(&env, &params).await? {
+            println!("{}", bench::memory::line(&phase));
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let short = cli.short;
