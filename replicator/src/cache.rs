@@ -190,7 +190,10 @@ mod tests {
         assert_eq!(got.object().unwrap().metadata.resource_version.as_deref(), Some("3"));
         writer.apply_watcher_event(&event(&Event::Delete(interface("ni-2", "4"))));
         assert!(store.get(&key("ns-1", "ni-2")).is_none());
-        assert!(store.get(&key("other", "ni-1")).is_none(), "the namespace is part of the key");
+        assert!(
+            store.get(&key("other", "ni-1")).is_none(),
+            "the namespace is part of the key"
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! reports not-ready instead of crash-looping (seed 000: the Secret mount may lag the pod, DESIGN
 //! §5). [`HubHealth`] tracks whether the hub answers, so writers pause during an outage instead
 //! of spinning, and resume as soon as it is back. The cell and hub clients count every request
-//! they send in `replicator_api_requests_total{cluster,verb}` ([`crate::metrics::api_requests`]).
+//! they send in `replicator_api_requests_total{cluster,verb,resource}` ([`crate::metrics::api_requests`]).
 
 use std::{path::Path, sync::Arc, time::Duration};
 
@@ -59,7 +59,7 @@ impl Role {
 }
 
 /// A client from `config` whose every request is counted in
-/// `replicator_api_requests_total{cluster=<role>,verb}` as it is sent.
+/// `replicator_api_requests_total{cluster=<role>,verb,resource}` as it is sent.
 ///
 /// # Errors
 /// [`Error::Client`] when no client can be built from the configuration.
@@ -68,6 +68,7 @@ pub fn counted_client(config: Config, role: Role) -> Result<Client, Error> {
         let labels = crate::metrics::ApiRequestLabels {
             cluster: role.label(),
             verb: crate::metrics::api_verb(request.method(), request.uri()),
+            resource: crate::metrics::api_resource(request.uri()),
         };
         crate::metrics::api_requests().get_or_create(&labels).inc();
         request
@@ -287,6 +288,7 @@ mod tests {
         let labels = crate::metrics::ApiRequestLabels {
             cluster: "cell",
             verb: "get",
+            resource: String::new(),
         };
         let before = crate::metrics::api_requests().get_or_create(&labels).get();
         let client = counted_client(Config::new(url.parse().unwrap()), Role::Cell).unwrap();

@@ -251,9 +251,9 @@ pub fn is_copy(labels: &BTreeMap<String, String>) -> bool {
 }
 
 /// Whether `copy` was published by `location`: the only copies the replicator of `location` may
-/// modify or delete (DESIGN §4).
-pub fn published_by(copy: &DynamicObject, location: &str) -> bool {
-    copy.metadata
+/// modify or delete (DESIGN §4). `copy` is a whole object or its metadata alone.
+pub fn published_by(copy: &impl kube::Resource, location: &str) -> bool {
+    copy.meta()
         .labels
         .as_ref()
         .and_then(|l| l.get(rules::LOCATION_LABEL))

@@ -68,6 +68,9 @@ pub struct ApiRequestLabels {
     pub cluster: &'static str,
     /// The Kubernetes verb of the request (see [`api_verb`]).
     pub verb: &'static str,
+    /// The resource (plural, e.g. `networkinterfaces`, `leases`; see [`api_resource`]), so the
+    /// cost of the copies can be told from that of leader election and Events.
+    pub resource: String,
 }
 
 /// The process-wide family behind `replicator_api_requests_total`: every Kubernetes API request
@@ -92,17 +95,8 @@ pub fn api_verb(method: &http::Method, uri: &http::Uri) -> &'static str {
     if watch {
         return "watch";
     }
-    let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
-    let resource = match segments.as_slice() {
-        ["api", _, rest @ ..] | ["apis", _, _, rest @ ..] => rest,
-        _ => &[],
-    };
-    // `namespaces/<ns>/<resource>...` is a namespaced resource; `namespaces[/<name>]` itself is
-    // the cluster-scoped Namespace kind.
-    let resource = match resource {
-        ["namespaces", _, tail @ ..] if !tail.is_empty() => tail,
-        other => other,
-    };
+    let segments = path_segments(uri);
+    let resource = resource_segments(&segments);
     let collection = resource.len() == 1;
     match *method {
         Method::GET if resource.is_empty() => "get",
@@ -114,6 +108,34 @@ pub fn api_verb(method: &http::Method, uri: &http::Uri) -> &'static str {
         Method::DELETE if collection => "deletecollection",
         Method::DELETE => "delete",
         _ => "other",
+    }
+}
+
+/// The resource an API request addresses, as the apiserver's metrics name it: the plural
+/// (`endpointslices`, `networkinterfaces`, `leases`, `namespaces`); empty for paths outside
+/// `/api` and `/apis` resources (`/version`, discovery).
+pub fn api_resource(uri: &http::Uri) -> String {
+    resource_segments(&path_segments(uri))
+        .first()
+        .map(|s| (*s).to_owned())
+        .unwrap_or_default()
+}
+
+fn path_segments(uri: &http::Uri) -> Vec<&str> {
+    uri.path().split('/').filter(|s| !s.is_empty()).collect()
+}
+
+/// `<resource>[/<name>[/<subresource>]]` of a resource path.
+fn resource_segments<'a, 'b>(segments: &'b [&'a str]) -> &'b [&'a str] {
+    let resource = match segments {
+        ["api", _, rest @ ..] | ["apis", _, _, rest @ ..] => rest,
+        _ => &[],
+    };
+    // `namespaces/<ns>/<resource>...` is a namespaced resource; `namespaces[/<name>]` itself is
+    // the cluster-scoped Namespace kind.
+    match resource {
+        ["namespaces", _, tail @ ..] if !tail.is_empty() => tail,
+        other => other,
     }
 }
 
@@ -338,19 +360,46 @@ mod tests {
     }
 
     #[test]
+    fn api_resources_are_the_plural_of_the_path() {
+        let resource = |uri: &str| api_resource(&uri.parse::<http::Uri>().unwrap());
+        assert_eq!(
+            resource("/apis/discovery.k8s.io/v1/namespaces/ns-1/endpointslices/web-dfw"),
+            "endpointslices"
+        );
+        assert_eq!(
+            resource("/apis/networking.datumapis.com/v1alpha/networkinterfaces?labelSelector=a"),
+            "networkinterfaces"
+        );
+        assert_eq!(
+            resource("/apis/networking.datumapis.com/v1alpha/namespaces/p/networkinterfaces/ni-1/status"),
+            "networkinterfaces"
+        );
+        assert_eq!(
+            resource("/apis/coordination.k8s.io/v1/namespaces/replicator-system/leases/replicator-dfw"),
+            "leases"
+        );
+        assert_eq!(resource("/api/v1/namespaces/ns-1"), "namespaces");
+        assert_eq!(resource("/api/v1/namespaces"), "namespaces");
+        assert_eq!(resource("/api/v1/namespaces/ns-1/events"), "events");
+        assert_eq!(resource("/version"), "");
+        assert_eq!(resource("/apis"), "");
+    }
+
+    #[test]
     fn api_requests_are_exported_by_cluster_and_verb() {
         let mut registry = Registry::default();
         let m = Metrics::register(&mut registry);
         let labels = ApiRequestLabels {
             cluster: "hub",
             verb: "watch",
+            resource: "leases".into(),
         };
         let before = api_requests().get_or_create(&labels).get();
         api_requests().get_or_create(&labels).inc();
         assert_eq!(m.api_requests.get_or_create(&labels).get(), before + 1);
         let text = encode(&registry).unwrap();
         assert!(
-            text.contains(r#"replicator_api_requests_total{cluster="hub",verb="watch"}"#),
+            text.contains(r#"replicator_api_requests_total{cluster="hub",verb="watch",resource="leases"}"#),
             "{text}"
         );
     }

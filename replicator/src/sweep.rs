@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use kube::{
     Api, ResourceExt,
-    api::{DeleteParams, DynamicObject, ListParams, Preconditions},
+    api::{DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Preconditions},
     core::{Selector, SelectorExt},
 };
 use rand::Rng;
@@ -83,72 +83,25 @@ pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) 
             report.skipped_rules.push(kind.clone());
             continue;
         }
+        // Metadata only, a page at a time: the sweep needs labels, annotations and UIDs, and a
+        // whole unpaged LIST of 5,000 copies held as objects is tens of MB (issue #5, memory).
         let hub_api = Api::<DynamicObject>::all_with(sync.hub().clone(), &state.resource);
-        let copies = match hub_api.list(&ListParams::default().labels(&selector)).await {
-            Ok(list) => list.items,
-            Err(err) => {
-                tracing::warn!(parent: &span, error = %err, "sweep skipped: cannot list hub copies");
-                report.skipped_rules.push(kind.clone());
-                continue;
-            }
-        };
-        for copy in copies {
-            if !copy::published_by(&copy, location) {
-                continue;
-            }
-            report.examined += 1;
-            // Lines about one copy name it: the hub object, in its namespace.
-            let copy_span = tracing::info_span!(
-                parent: &span,
-                "copy",
-                namespace = %copy.namespace().unwrap_or_default(),
-                name = %copy.name_any()
-            );
-            let annotations = copy.annotations();
-            let (Some(namespace), Some(name)) = (
-                annotations.get(copy::SOURCE_NAMESPACE_ANNOTATION).cloned(),
-                annotations.get(copy::SOURCE_NAME_ANNOTATION).cloned(),
-            ) else {
-                tracing::warn!(parent: &copy_span, "copy lacks source annotations; left alone");
-                continue;
-            };
-            if state.sources.get(&crate::cache::key(&namespace, &name)).is_some() {
-                continue;
-            }
-            let cell_api = Api::<DynamicObject>::namespaced_with(sync.cell().clone(), &namespace, &state.resource);
-            match cell_api.get_opt(&name).await {
-                Ok(Some(source)) if still_a_source(state, &source) => continue,
-                Ok(_) => {}
+        let mut params = ListParams::default().labels(&selector).limit(LIST_PAGE);
+        loop {
+            let page = match hub_api.list_metadata(&params).await {
+                Ok(page) => page,
                 Err(err) => {
-                    tracing::warn!(parent: &copy_span, source = %format!("{namespace}/{name}"), error = %err, "cell read failed; copy kept");
-                    report.kept_on_error += 1;
-                    continue;
+                    tracing::warn!(parent: &span, error = %err, "sweep skipped: cannot list hub copies");
+                    report.skipped_rules.push(kind.clone());
+                    break;
                 }
-            }
-            if report.deleted >= settings.max_deletes {
-                report.capped = true;
-                break;
-            }
-            if !sync.writable() {
-                report.interrupted = true;
-                break;
-            }
-            let copy_api = Api::<DynamicObject>::namespaced_with(sync.hub().clone(), &namespace, &state.resource);
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: copy.uid(),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
             };
-            match copy_api.delete(&copy.name_any(), &params).await {
-                Ok(_) => {
-                    report.deleted += 1;
-                    metrics.sweep_deleted.get_or_create(&state.labels).inc();
-                    tracing::info!(parent: &copy_span, source = %format!("{namespace}/{name}"), "sweep collected a copy whose source is gone");
+            sweep_page(sync, state, metrics, &settings, &span, page.items, &mut report).await;
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() && !report.interrupted && !report.capped => {
+                    params = params.continue_token(&token);
                 }
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                Err(err) => tracing::warn!(parent: &copy_span, error = %err, "sweep delete failed"),
+                _ => break,
             }
         }
         if report.interrupted {
@@ -164,6 +117,82 @@ pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) 
         }
     }
     report
+}
+
+/// Copies per page of the sweep's hub LIST: one request per kind up to this many copies of a
+/// location, and at most this many copies' metadata (a few MB) held at once beyond it.
+const LIST_PAGE: u32 = 5_000;
+
+/// Sweeps one page of this location's copies of `state`'s kind (see [`sweep_once`]).
+async fn sweep_page(
+    sync: &CellSync,
+    state: &RuleState,
+    metrics: &Metrics,
+    settings: &Settings,
+    span: &tracing::Span,
+    copies: Vec<PartialObjectMeta<DynamicObject>>,
+    report: &mut Report,
+) {
+    let location = &sync.settings.location;
+    for copy in copies {
+        if !copy::published_by(&copy, location) {
+            continue;
+        }
+        report.examined += 1;
+        // Lines about one copy name it: the hub object, in its namespace.
+        let copy_span = tracing::info_span!(
+            parent: span,
+            "copy",
+            namespace = %copy.namespace().unwrap_or_default(),
+            name = %copy.name_any()
+        );
+        let annotations = copy.annotations();
+        let (Some(namespace), Some(name)) = (
+            annotations.get(copy::SOURCE_NAMESPACE_ANNOTATION).cloned(),
+            annotations.get(copy::SOURCE_NAME_ANNOTATION).cloned(),
+        ) else {
+            tracing::warn!(parent: &copy_span, "copy lacks source annotations; left alone");
+            continue;
+        };
+        if state.sources.get(&crate::cache::key(&namespace, &name)).is_some() {
+            continue;
+        }
+        let cell_api = Api::<DynamicObject>::namespaced_with(sync.cell().clone(), &namespace, &state.resource);
+        match cell_api.get_opt(&name).await {
+            Ok(Some(source)) if still_a_source(state, &source) => continue,
+            Ok(_) => {}
+            Err(err) => {
+                tracing::warn!(parent: &copy_span, source = %format!("{namespace}/{name}"), error = %err, "cell read failed; copy kept");
+                report.kept_on_error += 1;
+                continue;
+            }
+        }
+        if report.deleted >= settings.max_deletes {
+            report.capped = true;
+            break;
+        }
+        if !sync.writable() {
+            report.interrupted = true;
+            break;
+        }
+        let copy_api = Api::<DynamicObject>::namespaced_with(sync.hub().clone(), &namespace, &state.resource);
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: copy.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match copy_api.delete(&copy.name_any(), &params).await {
+            Ok(_) => {
+                report.deleted += 1;
+                metrics.sweep_deleted.get_or_create(&state.labels).inc();
+                tracing::info!(parent: &copy_span, source = %format!("{namespace}/{name}"), "sweep collected a copy whose source is gone");
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(err) => tracing::warn!(parent: &copy_span, error = %err, "sweep delete failed"),
+        }
+    }
 }
 
 /// Runs the start-up sweep once every cache has listed, then a sweep every interval, each only

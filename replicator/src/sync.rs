@@ -776,10 +776,7 @@ impl CellSync {
     fn requeue_namespace(&self, namespace: &str) {
         let now = Instant::now();
         for (i, state) in self.rules.iter().enumerate() {
-            for o in state
-                .sources
-                .state_filter(|o| o.namespace() == Some(namespace))
-            {
+            for o in state.sources.state_filter(|o| o.namespace() == Some(namespace)) {
                 self.enqueue(
                     Key {
                         rule: i,

@@ -144,7 +144,8 @@ pub struct Rest {
     pub verified: Duration,
     /// Writes counted by `replicator_writes_total` (create, update, delete) from start to verified.
     pub restart_writes: u64,
-    /// Hub write requests (create, update, patch, delete) from start to verified.
+    /// Hub write requests (create, update, patch, delete) from start to verified, the Lease's
+    /// (leader election) left out.
     pub restart_hub_write_requests: u64,
     /// The baseline of `ready`: one plain LIST of every source and copy the replicators read.
     pub list_floor: Duration,
@@ -156,8 +157,10 @@ pub struct Rest {
     pub sweeps: u64,
     /// Hub write requests in the window.
     pub idle_hub_writes: u64,
-    /// Requests in the window by (cluster, verb).
+    /// Requests in the window by (cluster, verb), the Lease's left out.
     pub requests: BTreeMap<(String, String), u64>,
+    /// Leader election's Lease requests in the window (renewals), counted apart.
+    pub lease_requests: u64,
     /// Peak RSS per location of the restarted processes, bytes.
     pub peak_rss: BTreeMap<String, u64>,
 }
@@ -499,15 +502,27 @@ fn sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
-/// `replicator_api_requests_total` by (cluster, verb).
+/// The resource of leader election's requests, counted apart from the mirror's.
+const LEASES: &str = "leases";
+
+/// `replicator_api_requests_total` by (cluster, verb), leader election's Lease requests left
+/// out (see [`lease_requests`]).
 fn requests(text: &str) -> BTreeMap<(String, String), u64> {
     let mut out = BTreeMap::new();
-    for sample in parse(text).iter().filter(|s| s.name == "replicator_api_requests_total") {
+    for sample in parse(text)
+        .iter()
+        .filter(|s| s.name == "replicator_api_requests_total" && s.label("resource") != Some(LEASES))
+    {
         if let (Some(cluster), Some(verb)) = (sample.label("cluster"), sample.label("verb")) {
             *out.entry((cluster.to_owned(), verb.to_owned())).or_insert(0) += sample.value as u64;
         }
     }
     out
+}
+
+/// Leader election's requests (the hub Lease: get, create, patch, watch), all verbs.
+fn lease_requests(text: &str) -> u64 {
+    sum(text, "replicator_api_requests_total", &[("resource", LEASES)]) as u64
 }
 
 const WRITE_VERBS: [&str; 4] = ["create", "update", "patch", "delete"];
@@ -603,6 +618,7 @@ async fn rest(env: &Environment, options: &Options, load: &Load) -> anyhow::Resu
             }
         }
         rest.idle_hub_writes += hub_writes(&a).saturating_sub(hub_writes(&b));
+        rest.lease_requests += lease_requests(&after).saturating_sub(lease_requests(before));
     }
     rest.peak_rss = peaks(replicators.iter().map(|r| (r.location().to_owned(), r.pid())));
     for replicator in &mut replicators {
@@ -667,7 +683,12 @@ where
 }
 
 /// Deletes the copies carrying `label` in `namespace` on the hub and waits until they are gone.
-pub(crate) async fn delete_copies(hub: &Client, namespace: &str, label: &str, deadline: Duration) -> anyhow::Result<()> {
+pub(crate) async fn delete_copies(
+    hub: &Client,
+    namespace: &str,
+    label: &str,
+    deadline: Duration,
+) -> anyhow::Result<()> {
     let selector = ListParams::default().labels(label);
     for kind in lag::churned_kinds()? {
         let api = Api::<DynamicObject>::namespaced_with(hub.clone(), namespace, &kind);

@@ -344,13 +344,13 @@ pub fn markdown(results: &Results) -> String {
 
     let _ = writeln!(
         s,
-        "\n## 3. Cost at rest\n\nThe replicators restarted over correct copies with `--sweep-interval {:.0}s`, then left idle; requests counted by the replicators (`replicator_api_requests_total`). Baseline: watch renewals, one request per stream per {} s (kube-runtime's watch timeout); the sweep's own LISTs ({RULES} per sweep per process) are shown apart.\n",
+        "\n## 3. Cost at rest\n\nThe replicators restarted over correct copies with `--sweep-interval {:.0}s`, then left idle; requests counted by the replicators (`replicator_api_requests_total`). Baseline: watch renewals, one request per stream per {} s (kube-runtime's watch timeout); the sweep's own LISTs ({RULES} per sweep per process, metadata only) and leader election's Lease requests (renewals) are shown apart.\n",
         o.sweep_interval.as_secs_f64(),
         WATCH_RENEWAL.as_secs()
     );
     let _ = writeln!(
         s,
-        "| objects | idle window | sweeps | hub writes per sweep | requests (watch / list / get / other) | besides the sweep, per min | baseline: renewals per min ({} streams) | ÷ baseline | per min at the default 10 min sweep |\n|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+        "| objects | idle window | sweeps | hub writes per sweep | requests (watch / list / get / other) | Lease (leader election) | besides the sweep and the Lease, per min | baseline: renewals per min ({} streams) | ÷ baseline | per min at the default 10 min sweep |\n|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
         results.counts.first().map_or(0, |c| c.rest.watch_streams)
     );
     for c in &results.counts {
@@ -362,7 +362,7 @@ pub fn markdown(results: &Results) -> String {
         let default_sweeps = 2.0 * RULES as f64 / 10.0;
         let _ = writeln!(
             s,
-            "| {} | {:.0} s | {} | {:.1} | {} ({} / {} / {} / {}) | {:.1} | {:.2} | {} | {:.1} |",
+            "| {} | {:.0} s | {} | {:.1} | {} ({} / {} / {} / {}) | {} | {:.1} | {:.2} | {} | {:.1} |",
             count(c.objects),
             r.window.as_secs_f64(),
             r.sweeps,
@@ -372,6 +372,7 @@ pub fn markdown(results: &Results) -> String {
             r.verb("list"),
             r.verb("get"),
             other,
+            r.lease_requests,
             extra,
             renewals,
             x((renewals > 0.0).then_some(extra / renewals)),

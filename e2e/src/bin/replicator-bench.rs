@@ -156,7 +156,10 @@ async fn main() -> anyhow::Result<ExitCode> {
         replicator_env,
     }) = cli.command
     {
-        anyhow::ensure!(objects >= 4 && objects.is_multiple_of(4), "--objects must be a multiple of 4");
+        anyhow::ensure!(
+            objects >= 4 && objects.is_multiple_of(4),
+            "--objects must be a multiple of 4"
+        );
         let env = Environment::ensure_up().await.context("bringing the environment up")?;
         let params = bench::memory::Params {
             objects,
