@@ -6,17 +6,19 @@
 //! before it may have died between sweeps. Safety rules:
 //! - a rule is swept only while its cell watch is listed and healthy (an empty or failing cache
 //!   must never look like "every source is gone");
-//! - only copies carrying this location's label are considered, so another location's copies are
-//!   never touched;
+//! - only copies carrying this location's label are considered (the hub cache watches that
+//!   label, and each copy's label is checked again), so another location's copies are never
+//!   touched;
+//! - a rule is swept only once its hub copies are listed;
 //! - a copy whose source is missing from the cache is confirmed with a direct read of the cell;
 //!   a read error keeps the copy;
 //! - deletes per pass are capped, and each carries a UID precondition.
 
-use std::time::Duration;
+use std::{sync::atomic::Ordering, time::Duration};
 
 use kube::{
     Api, ResourceExt,
-    api::{DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Preconditions},
+    api::{DeleteParams, DynamicObject, Preconditions},
     core::{Selector, SelectorExt},
 };
 use rand::Rng;
@@ -25,7 +27,6 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     copy,
     metrics::{LocationLabels, Metrics},
-    rules,
     sync::{CellSync, RuleState},
 };
 
@@ -74,7 +75,6 @@ fn still_a_source(state: &RuleState, source: &DynamicObject) -> bool {
 pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) -> Report {
     let mut report = Report::default();
     let location = &sync.settings.location;
-    let selector = format!("{}={}", rules::LOCATION_LABEL, location);
     for state in &sync.rules {
         let kind = &state.rule.resource.kind;
         let span = tracing::info_span!("sweep", cluster = "hub", location = %location, kind = %kind);
@@ -83,27 +83,28 @@ pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) 
             report.skipped_rules.push(kind.clone());
             continue;
         }
-        // Metadata only, a page at a time: the sweep needs labels, annotations and UIDs, and a
-        // whole unpaged LIST of 5,000 copies held as objects is tens of MB (issue #5, memory).
-        let hub_api = Api::<DynamicObject>::all_with(sync.hub().clone(), &state.resource);
-        let mut params = ListParams::default().labels(&selector).limit(LIST_PAGE);
-        loop {
-            let page = match hub_api.list_metadata(&params).await {
-                Ok(page) => page,
-                Err(err) => {
-                    tracing::warn!(parent: &span, error = %err, "sweep skipped: cannot list hub copies");
-                    report.skipped_rules.push(kind.clone());
-                    break;
-                }
-            };
-            sweep_page(sync, state, metrics, &settings, &span, page.items, &mut report).await;
-            match page.metadata.continue_ {
-                Some(token) if !token.is_empty() && !report.interrupted && !report.capped => {
-                    params = params.continue_token(&token);
-                }
-                _ => break,
-            }
+        if !state.copies_listed.load(Ordering::Acquire) {
+            tracing::warn!(parent: &span, "sweep skipped: the hub copies are not listed yet");
+            report.skipped_rules.push(kind.clone());
+            continue;
         }
+        // The copies come from the hub cache (a watch on this location's label), not a LIST:
+        // a sweep at rest costs no request, and a restart's sweep no second copy of every copy
+        // in memory (issue #5). A copy the watch has not delivered yet waits for the next pass;
+        // one it still shows after its deletion answers 404 to the UID-checked delete.
+        let copies: Vec<DynamicObject> = state
+            .copies
+            .state()
+            .iter()
+            .filter_map(|cached| match cached.object() {
+                Ok(copy) => Some(copy),
+                Err(err) => {
+                    tracing::warn!(parent: &span, copy = %cached.name(), error = %err, "cached copy unreadable; left alone");
+                    None
+                }
+            })
+            .collect();
+        sweep_copies(sync, state, metrics, &settings, &span, copies, &mut report).await;
         if report.interrupted {
             tracing::info!("sweep stopped: this replica no longer writes for its location");
             break;
@@ -119,18 +120,14 @@ pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) 
     report
 }
 
-/// Copies per page of the sweep's hub LIST: one request per kind up to this many copies of a
-/// location, and at most this many copies' metadata (a few MB) held at once beyond it.
-const LIST_PAGE: u32 = 5_000;
-
-/// Sweeps one page of this location's copies of `state`'s kind (see [`sweep_once`]).
-async fn sweep_page(
+/// Sweeps `copies`, this location's copies of `state`'s kind (see [`sweep_once`]).
+async fn sweep_copies(
     sync: &CellSync,
     state: &RuleState,
     metrics: &Metrics,
     settings: &Settings,
     span: &tracing::Span,
-    copies: Vec<PartialObjectMeta<DynamicObject>>,
+    copies: Vec<DynamicObject>,
     report: &mut Report,
 ) {
     let location = &sync.settings.location;

@@ -2,8 +2,8 @@
 //! (issue #5, "Memory ... where a target is missed, profile").
 //!
 //! Populates the cells, starts one replicator per cell against an empty hub, and samples each
-//! process's `VmRSS` every 100 ms through three phases: start-up until every copy is present,
-//! a quiet pause, and churn at one rate. Prints, per phase and location, the resident memory
+//! process's `VmRSS` (and CPU time) every 100 ms through four phases: start-up until every copy
+//! is present, a quiet pause, churn at one rate, and a restart over the correct copies. Prints, per phase and location, the resident memory
 //! at the phase's end and the highest sample in it, so a peak can be told apart from a
 //! steady cost (a start-up burst, a backlog under churn, or a per-object cache). Extra
 //! environment for the replicators (`--replicator-env MALLOC_ARENA_MAX=2`) lets an allocator
@@ -38,6 +38,8 @@ pub struct Params {
     pub env: Vec<(String, String)>,
     /// Deadline of the start-up.
     pub timeout: Duration,
+    /// Leave the sources and copies in place at the end (for a profiler run by hand).
+    pub keep: bool,
 }
 
 /// Resident memory of one phase, per location, bytes.
@@ -51,6 +53,8 @@ pub struct Phase {
     pub end: BTreeMap<String, u64>,
     /// The highest `VmRSS` sampled in the phase, per location.
     pub high: BTreeMap<String, u64>,
+    /// CPU time used in the phase (user + system), per location.
+    pub cpu: BTreeMap<String, Duration>,
 }
 
 /// Samples the processes' `VmRSS` every 100 ms until `stop` fires; the highest per location.
@@ -69,15 +73,23 @@ async fn sample(processes: Vec<(String, u32)>, stop: CancellationToken) -> BTree
     }
 }
 
+/// (location, pid) of each replicator.
+fn processes(replicators: &[ReplicatorProcess]) -> Vec<(String, u32)> {
+    replicators.iter().map(|r| (r.location().to_owned(), r.pid())).collect()
+}
+
 /// Runs `work` while sampling the replicators' memory; returns its value and the phase.
 async fn phase<T>(
     name: &str,
-    replicators: &[ReplicatorProcess],
+    processes: Vec<(String, u32)>,
     work: impl std::future::Future<Output = anyhow::Result<T>>,
 ) -> anyhow::Result<(T, Phase)> {
-    let processes: Vec<(String, u32)> = replicators.iter().map(|r| (r.location().to_owned(), r.pid())).collect();
     let stop = CancellationToken::new();
     let sampler = tokio::spawn(sample(processes.clone(), stop.clone()));
+    let cpu_before: BTreeMap<String, Duration> = processes
+        .iter()
+        .map(|(l, pid)| (l.clone(), system::cpu_time(*pid).unwrap_or_default()))
+        .collect();
     let start = Instant::now();
     let value = work.await;
     stop.cancel();
@@ -86,11 +98,22 @@ async fn phase<T>(
         .iter()
         .map(|(l, pid)| (l.clone(), system::rss(*pid).map(|r| r.current).unwrap_or_default()))
         .collect();
+    let cpu = processes
+        .iter()
+        .map(|(l, pid)| {
+            let used = system::cpu_time(*pid).unwrap_or_default();
+            (
+                l.clone(),
+                used.saturating_sub(cpu_before.get(l).copied().unwrap_or_default()),
+            )
+        })
+        .collect();
     let phase = Phase {
         name: name.to_owned(),
         elapsed: start.elapsed(),
         end,
         high,
+        cpu,
     };
     eprintln!("{}", line(&phase));
     Ok((value?, phase))
@@ -100,16 +123,17 @@ fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
-/// One printed line: `phase (12.3 s): dfw end 40.1 MiB high 52.0 MiB; sjc ...; total high ...`.
+/// One printed line: `phase (12.3 s): dfw end 40.1 MiB high 52.0 MiB cpu 1.2 s; sjc ...; total high ...`.
 pub fn line(phase: &Phase) -> String {
     let per: Vec<String> = phase
         .end
         .iter()
         .map(|(l, end)| {
             format!(
-                "{l} end {} high {}",
+                "{l} end {} high {} cpu {:.1} s",
                 mib(*end),
-                mib(phase.high.get(l).copied().unwrap_or_default())
+                mib(phase.high.get(l).copied().unwrap_or_default()),
+                phase.cpu.get(l).copied().unwrap_or_default().as_secs_f64()
             )
         })
         .collect();
@@ -120,6 +144,23 @@ pub fn line(phase: &Phase) -> String {
         per.join("; "),
         mib(phase.high.values().sum())
     )
+}
+
+/// One replicator per cell (`dfw`, `sjc`) with the profile's binary, workers and environment.
+async fn spawn(env: &Environment, params: &Params) -> anyhow::Result<Vec<ReplicatorProcess>> {
+    let mut replicators = Vec::new();
+    for cell in [CELL_A, CELL_B] {
+        let location = cell.location().context("a cell without a location")?;
+        let mut spec = ReplicatorSpec::new(cell)
+            .location(location)
+            .binary(&params.replicator_bin)
+            .args(["--workers".to_owned(), params.workers.to_string()]);
+        for (k, v) in &params.env {
+            spec = spec.env(k, v);
+        }
+        replicators.push(ReplicatorProcess::spawn(env, spec).await?);
+    }
+    Ok(replicators)
 }
 
 /// Runs the profile (see the module documentation) and returns the phases; every replicator's
@@ -145,31 +186,20 @@ pub async fn run(env: &Environment, params: &Params) -> anyhow::Result<Vec<Phase
         cancel.child_token(),
     )
     .await?;
-    let mut replicators = Vec::new();
-    for cell in [CELL_A, CELL_B] {
-        let location = cell.location().context("a cell without a location")?;
-        let mut spec = ReplicatorSpec::new(cell)
-            .location(location)
-            .binary(&params.replicator_bin)
-            .args(["--workers".to_owned(), params.workers.to_string()]);
-        for (k, v) in &params.env {
-            spec = spec.env(k, v);
-        }
-        replicators.push(ReplicatorProcess::spawn(env, spec).await?);
-    }
+    let mut replicators = spawn(env, params).await?;
     let mut phases = Vec::new();
-    let ((), p) = phase("start-up to all copies", &replicators, async {
+    let ((), p) = phase("start-up to all copies", processes(&replicators), async {
         recorder.wait_present(params.objects, params.timeout).await.map(|_| ())
     })
     .await?;
     phases.push(p);
-    let ((), p) = phase("quiet 10 s", &replicators, async {
+    let ((), p) = phase("quiet 10 s", processes(&replicators), async {
         tokio::time::sleep(Duration::from_secs(10)).await;
         Ok(())
     })
     .await?;
     phases.push(p);
-    let ((), p) = phase(&format!("churn at {}/s", params.rate), &replicators, async {
+    let ((), p) = phase(&format!("churn at {}/s", params.rate), processes(&replicators), async {
         let stats = load.churn(params.rate, params.churn, &recorder, 0).await?;
         let missing = recorder.settle(0, params.timeout).await;
         eprintln!(
@@ -188,8 +218,34 @@ pub async fn run(env: &Environment, params: &Params) -> anyhow::Result<Vec<Phase
     for r in &mut replicators {
         r.terminate(Duration::from_secs(10)).await?;
     }
+    // A restart over correct copies: both caches list full at once and every key is verified.
+    let mut replicators = spawn(env, params).await?;
+    let ((), p) = phase(
+        "restart over correct copies, then 15 s",
+        processes(&replicators),
+        async {
+            for r in &mut replicators {
+                r.wait_ready(params.timeout).await?;
+            }
+            tokio::time::sleep(Duration::from_secs(15)).await;
+            Ok(())
+        },
+    )
+    .await?;
+    phases.push(p);
+    for r in &replicators {
+        let peak = system::rss(r.pid()).map(|r| r.peak).unwrap_or_default();
+        eprintln!("[memory] restarted {} VmHWM {}", r.location(), mib(peak));
+    }
+    for r in &mut replicators {
+        r.terminate(Duration::from_secs(10)).await?;
+    }
     cancel.cancel();
-    super::delete_copies(&hub, &namespace, replicator::rules::LOCATION_LABEL, params.timeout).await?;
-    load.delete_all().await?;
+    if params.keep {
+        eprintln!("[memory] kept the sources and copies in namespace {namespace}");
+    } else {
+        super::delete_copies(&hub, &namespace, replicator::rules::LOCATION_LABEL, params.timeout).await?;
+        load.delete_all().await?;
+    }
     Ok(phases)
 }

@@ -64,8 +64,6 @@ macro_rules! progress {
 const GENERATED_BY_LABEL: &str = "replicator.datumapis.com/generated-by";
 /// The replicator's location label (selects its copies on the hub).
 const LOCATION_LABEL: &str = replicator::rules::LOCATION_LABEL;
-/// The kinds of the default rules (one reflector pair per kind).
-const RULES: usize = 5;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -161,6 +159,8 @@ pub struct Rest {
     pub requests: BTreeMap<(String, String), u64>,
     /// Leader election's Lease requests in the window (renewals), counted apart.
     pub lease_requests: u64,
+    /// The cell reachability probe's requests in the window, counted apart.
+    pub probe_requests: u64,
     /// Peak RSS per location of the restarted processes, bytes.
     pub peak_rss: BTreeMap<String, u64>,
 }
@@ -505,13 +505,13 @@ fn sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 /// The resource of leader election's requests, counted apart from the mirror's.
 const LEASES: &str = "leases";
 
-/// `replicator_api_requests_total` by (cluster, verb), leader election's Lease requests left
-/// out (see [`lease_requests`]).
+/// `replicator_api_requests_total` by (cluster, verb), leader election's Lease requests and
+/// the cell reachability probe left out (see [`lease_requests`], [`probe_requests`]).
 fn requests(text: &str) -> BTreeMap<(String, String), u64> {
     let mut out = BTreeMap::new();
     for sample in parse(text)
         .iter()
-        .filter(|s| s.name == "replicator_api_requests_total" && s.label("resource") != Some(LEASES))
+        .filter(|s| s.name == "replicator_api_requests_total" && s.label("resource") != Some(LEASES) && !is_probe(s))
     {
         if let (Some(cluster), Some(verb)) = (sample.label("cluster"), sample.label("verb")) {
             *out.entry((cluster.to_owned(), verb.to_owned())).or_insert(0) += sample.value as u64;
@@ -523,6 +523,21 @@ fn requests(text: &str) -> BTreeMap<(String, String), u64> {
 /// Leader election's requests (the hub Lease: get, create, patch, watch), all verbs.
 fn lease_requests(text: &str) -> u64 {
     sum(text, "replicator_api_requests_total", &[("resource", LEASES)]) as u64
+}
+
+/// The unreachable-cell probe (`outage.rs`): a GET of the cell's `/version`, the only request
+/// to the cell outside an API resource.
+fn is_probe(sample: &crate::metrics::Sample) -> bool {
+    sample.label("cluster") == Some("cell") && sample.label("resource") == Some("")
+}
+
+/// The cell reachability probe's requests (one `/version` per cell every 2 s).
+fn probe_requests(text: &str) -> u64 {
+    parse(text)
+        .iter()
+        .filter(|s| s.name == "replicator_api_requests_total" && is_probe(s))
+        .map(|s| s.value as u64)
+        .sum()
 }
 
 const WRITE_VERBS: [&str; 4] = ["create", "update", "patch", "delete"];
@@ -619,6 +634,7 @@ async fn rest(env: &Environment, options: &Options, load: &Load) -> anyhow::Resu
         }
         rest.idle_hub_writes += hub_writes(&a).saturating_sub(hub_writes(&b));
         rest.lease_requests += lease_requests(&after).saturating_sub(lease_requests(before));
+        rest.probe_requests += probe_requests(&after).saturating_sub(probe_requests(before));
     }
     rest.peak_rss = peaks(replicators.iter().map(|r| (r.location().to_owned(), r.pid())));
     for replicator in &mut replicators {

@@ -81,6 +81,19 @@ pub fn rss(pid: u32) -> Option<Rss> {
     })
 }
 
+/// CPU time process `pid` has used so far (user + system, from `/proc/<pid>/stat`); `None` when
+/// it is gone.
+pub fn cpu_time(pid: u32) -> Option<std::time::Duration> {
+    let stat = std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // USER_HZ is 100 on every Linux this runs on.
+    Some(std::time::Duration::from_millis(ticks * 10))
+}
+
 /// `git rev-parse --short HEAD` of the workspace, with `-dirty` when the tree has changes;
 /// `unknown` when git is unavailable.
 pub fn git_revision() -> String {
@@ -115,6 +128,11 @@ mod tests {
         );
         let me = rss(std::process::id()).unwrap();
         assert!(me.peak >= me.current && me.current > 0, "{me:?}");
+        let spin = std::time::Instant::now();
+        while spin.elapsed() < std::time::Duration::from_millis(50) {
+            std::hint::black_box(spin.elapsed());
+        }
+        assert!(cpu_time(std::process::id()).unwrap() > std::time::Duration::ZERO);
         assert!(Machine::read().cores >= 1);
     }
 }

@@ -98,6 +98,9 @@ enum Command {
         /// Extra environment of the replicators, `KEY=VALUE` (repeat).
         #[arg(long = "replicator-env", value_parser = key_value)]
         replicator_env: Vec<(String, String)>,
+        /// Leave the sources and copies in place at the end (to run a profiler by hand).
+        #[arg(long)]
+        keep: bool,
     },
 }
 
@@ -154,6 +157,7 @@ async fn main() -> anyhow::Result<ExitCode> {
         rate,
         churn_seconds,
         replicator_env,
+        keep,
     }) = cli.command
     {
         anyhow::ensure!(
@@ -169,6 +173,7 @@ async fn main() -> anyhow::Result<ExitCode> {
             workers: cli.workers,
             env: replicator_env,
             timeout: Duration::from_secs(cli.timeout.unwrap_or(600)),
+            keep,
         };
         for phase in bench::memory::run(&env, &params).await? {
             println!("{}", bench::memory::line(&phase));
