@@ -237,6 +237,39 @@ async fn a_stopping_leader_releases_the_lease_and_the_standby_takes_over_at_once
     Ok(())
 }
 
+/// Lease requests (every verb) `p` has sent so far.
+async fn lease_requests(p: &ReplicatorProcess) -> f64 {
+    replicator_e2e::metrics::parse(&p.scrape_metrics().await.unwrap())
+        .iter()
+        .filter(|s| s.name == "replicator_api_requests_total" && s.label("resource") == Some("leases"))
+        .map(|s| s.value)
+        .sum()
+}
+
+#[tokio::test]
+async fn a_leader_renews_its_lease_once_per_renewal_interval() -> TestResult {
+    // A regression seen in the benchmark: a select! that dropped the Lease manager's pending
+    // renewal on every Lease event renewed in a loop, ~13 Lease requests per second.
+    let env = Environment::ensure_up().await?;
+    let loc = unique("renew");
+    let p = start(&env, ReplicatorSpec::new(CELL_A).location(&loc)).await;
+    sole_leader(&[&p], &loc, Duration::from_secs(30)).await;
+    let before = lease_requests(&p).await;
+    // A measurement window, not a synchronisation: two renewals fall in it (15 s Lease, renewed
+    // 5 s before expiry, so every 10 s), each a patch and at most a read.
+    let window = Duration::from_secs(21);
+    tokio::time::sleep(window).await;
+    let sent = lease_requests(&p).await - before;
+    eprintln!("Lease requests in {window:?} of leading: {sent}");
+    assert!(sent >= 2.0, "the leader renewed at least twice in {window:?}: {sent}");
+    assert!(
+        sent <= 8.0,
+        "at most 3 renewals × (patch + read) + the Lease watch: {sent}"
+    );
+    assert_eq!(leader_gauge(&p, &loc).await, Some(1.0), "still leading");
+    Ok(())
+}
+
 #[tokio::test]
 async fn one_process_serves_two_cells_with_a_lease_each() -> TestResult {
     let env = Environment::ensure_up().await?;

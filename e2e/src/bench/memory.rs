@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::lag::{self, Recorder};
 use super::load::Load;
 use super::system;
-use crate::{CELL_A, CELL_B, Environment, HUB, ReplicatorProcess, ReplicatorSpec, fixtures};
+use crate::{Environment, HUB, ReplicatorProcess, fixtures};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -148,19 +148,19 @@ pub fn line(phase: &Phase) -> String {
 
 /// One replicator per cell (`dfw`, `sjc`) with the profile's binary, workers and environment.
 async fn spawn(env: &Environment, params: &Params) -> anyhow::Result<Vec<ReplicatorProcess>> {
-    let mut replicators = Vec::new();
-    for cell in [CELL_A, CELL_B] {
-        let location = cell.location().context("a cell without a location")?;
-        let mut spec = ReplicatorSpec::new(cell)
-            .location(location)
-            .binary(&params.replicator_bin)
-            .args(["--workers".to_owned(), params.workers.to_string()]);
-        for (k, v) in &params.env {
-            spec = spec.env(k, v);
-        }
-        replicators.push(ReplicatorProcess::spawn(env, spec).await?);
+    super::spawn_pair(env, &params.replicator_bin, params.workers, &[], &params.env).await
+}
+
+/// Prints each process's `VmHWM`, then stops it.
+async fn stop(replicators: &mut [ReplicatorProcess], what: &str) -> anyhow::Result<()> {
+    for r in replicators.iter() {
+        let peak = system::rss(r.pid()).map(|r| r.peak).unwrap_or_default();
+        eprintln!("[memory] {what}{} VmHWM {}", r.location(), mib(peak));
     }
-    Ok(replicators)
+    for r in replicators.iter_mut() {
+        r.terminate(Duration::from_secs(10)).await?;
+    }
+    Ok(())
 }
 
 /// Runs the profile (see the module documentation) and returns the phases; every replicator's
@@ -211,13 +211,7 @@ pub async fn run(env: &Environment, params: &Params) -> anyhow::Result<Vec<Phase
     })
     .await?;
     phases.push(p);
-    for r in &replicators {
-        let peak = system::rss(r.pid()).map(|r| r.peak).unwrap_or_default();
-        eprintln!("[memory] {} VmHWM {}", r.location(), mib(peak));
-    }
-    for r in &mut replicators {
-        r.terminate(Duration::from_secs(10)).await?;
-    }
+    stop(&mut replicators, "").await?;
     // A restart over correct copies: both caches list full at once and every key is verified.
     let mut replicators = spawn(env, params).await?;
     let ((), p) = phase(
@@ -233,13 +227,7 @@ pub async fn run(env: &Environment, params: &Params) -> anyhow::Result<Vec<Phase
     )
     .await?;
     phases.push(p);
-    for r in &replicators {
-        let peak = system::rss(r.pid()).map(|r| r.peak).unwrap_or_default();
-        eprintln!("[memory] restarted {} VmHWM {}", r.location(), mib(peak));
-    }
-    for r in &mut replicators {
-        r.terminate(Duration::from_secs(10)).await?;
-    }
+    stop(&mut replicators, "restarted ").await?;
     cancel.cancel();
     if params.keep {
         eprintln!("[memory] kept the sources and copies in namespace {namespace}");

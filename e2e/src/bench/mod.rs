@@ -453,15 +453,31 @@ async fn spawn_replicators(
     options: &Options,
     sweep_interval: Option<Duration>,
 ) -> anyhow::Result<Vec<ReplicatorProcess>> {
+    let extra: Vec<String> = sweep_interval
+        .map(|i| vec!["--sweep-interval".to_owned(), format!("{}ms", i.as_millis())])
+        .unwrap_or_default();
+    spawn_pair(env, &options.replicator_bin, options.workers, &extra, &[]).await
+}
+
+/// One replicator per cell (`dfw`, `sjc`): `binary` with `--workers`, `extra` arguments and
+/// `vars` in its environment.
+pub(crate) async fn spawn_pair(
+    env: &Environment,
+    binary: &Path,
+    workers: usize,
+    extra: &[String],
+    vars: &[(String, String)],
+) -> anyhow::Result<Vec<ReplicatorProcess>> {
     let mut processes = Vec::new();
     for cell in [CELL_A, CELL_B] {
         let location = cell.location().context("a cell without a location")?;
         let mut spec = ReplicatorSpec::new(cell)
             .location(location)
-            .binary(&options.replicator_bin)
-            .args(["--workers".to_owned(), options.workers.to_string()]);
-        if let Some(interval) = sweep_interval {
-            spec = spec.args(["--sweep-interval".to_owned(), format!("{}ms", interval.as_millis())]);
+            .binary(binary)
+            .args(["--workers".to_owned(), workers.to_string()])
+            .args(extra.iter().cloned());
+        for (k, v) in vars {
+            spec = spec.env(k, v);
         }
         processes.push(ReplicatorProcess::spawn(env, spec).await?);
     }
