@@ -14,7 +14,10 @@
 //!   a read error keeps the copy;
 //! - deletes per pass are capped, and each carries a UID precondition.
 
-use std::{sync::atomic::Ordering, time::Duration};
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
 
 use kube::{
     Api, ResourceExt,
@@ -25,6 +28,7 @@ use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    cache::Cached,
     copy,
     metrics::{LocationLabels, Metrics},
     sync::{CellSync, RuleState},
@@ -92,18 +96,7 @@ pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) 
         // a sweep at rest costs no request, and a restart's sweep no second copy of every copy
         // in memory (issue #5). A copy the watch has not delivered yet waits for the next pass;
         // one it still shows after its deletion answers 404 to the UID-checked delete.
-        let copies: Vec<DynamicObject> = state
-            .copies
-            .state()
-            .iter()
-            .filter_map(|cached| match cached.object() {
-                Ok(copy) => Some(copy),
-                Err(err) => {
-                    tracing::warn!(parent: &span, copy = %cached.name(), error = %err, "cached copy unreadable; left alone");
-                    None
-                }
-            })
-            .collect();
+        let copies = state.copies.state();
         sweep_copies(sync, state, metrics, &settings, &span, copies, &mut report).await;
         if report.interrupted {
             tracing::info!("sweep stopped: this replica no longer writes for its location");
@@ -127,11 +120,20 @@ async fn sweep_copies(
     metrics: &Metrics,
     settings: &Settings,
     span: &tracing::Span,
-    copies: Vec<DynamicObject>,
+    copies: Vec<Arc<Cached>>,
     report: &mut Report,
 ) {
     let location = &sync.settings.location;
-    for copy in copies {
+    // One copy parsed at a time: the cache keeps them as text, and a pass over 5,000 copies
+    // must not hold 5,000 parsed objects at once.
+    for cached in copies {
+        let copy = match cached.object() {
+            Ok(copy) => copy,
+            Err(err) => {
+                tracing::warn!(parent: span, copy = %cached.name(), error = %err, "cached copy unreadable; left alone");
+                continue;
+            }
+        };
         if !copy::published_by(&copy, location) {
             continue;
         }
