@@ -711,6 +711,7 @@ async fn rendered_manifests_keep_the_deployment_contract() -> TestResult {
         "histogram_quantile(0.99, sum by (location, le) (rate(replicator_propagation_lag_seconds_bucket",
         "sum by (location) (replicator_copies",
         "sum by (class) (rate(replicator_errors_total",
+        "sum by (verb, resource) (rate(replicator_api_requests_total{cluster=\"hub\"}",
     ] {
         assert!(
             exprs.iter().any(|e| e.contains(needle)),
@@ -1298,6 +1299,13 @@ fn registered_names() -> BTreeSet<String> {
     m.sweep_runs.get_or_create(&location).inc();
     m.hub_up.get_or_create(&location).set(1);
     m.leader.get_or_create(&location).set(1);
+    m.api_requests
+        .get_or_create(&replicator::metrics::ApiRequestLabels {
+            cluster: "hub",
+            verb: "patch",
+            resource: "networkinterfaces".into(),
+        })
+        .inc();
     let mut names = exported_names(&replicator::metrics::encode(&registry).unwrap());
 
     let mut registry = Default::default();
