@@ -560,8 +560,9 @@ async fn a_250_character_source_name_yields_a_valid_unique_stable_copy_name() ->
         let after = fixtures::get(&hub, &es, &ns, c).await?.unwrap().resource_version();
         assert_eq!(&after, before, "{c} was rewritten by the restart");
     }
+    // This location's copies only: on a long-lived environment the namespace may hold others'.
     let listed = Api::<DynamicObject>::namespaced_with(hub.clone(), &ns, &es)
-        .list(&Default::default())
+        .list(&kube::api::ListParams::default().labels(&format!("{LOCATION_LABEL}={loc}")))
         .await?;
     let mut on_hub: Vec<String> = listed.items.iter().map(ResourceExt::name_any).collect();
     on_hub.sort();
@@ -629,6 +630,91 @@ async fn two_cells_publishing_the_same_name_produce_two_copies() -> TestResult {
             .is_some(),
         "cell-b's copy untouched"
     );
+    Ok(())
+}
+
+/// A hub name taken by an object that is not this location's copy (made by hand here; a
+/// copy-name collision between locations is the other way it happens) is never written nor
+/// deleted: the source gets a `HubNameTaken` Event and the error is counted as `not_ours`.
+#[tokio::test]
+async fn a_hub_name_taken_by_an_object_not_ours_is_reported_and_never_touched() -> TestResult {
+    let env = Environment::ensure_up().await?;
+    let (ns, loc) = (unique("taken"), unique("loc"));
+    fixtures::routed_namespace(&env, &ns).await?;
+    let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
+    let es = fixtures::resource("endpointslices")?;
+    let taken = copy_name(&ns, "pod-t", &loc);
+    let mut by_hand = fixtures::galactic_slice(&ns, &taken, json!([fixtures::pod_endpoint("fd20::aa", "h")]), None);
+    by_hand["metadata"]["labels"]["made-by"] = json!("hand");
+    let before = fixtures::apply(&hub, &es, &by_hand).await?;
+
+    let r = start(&env, CELL_A, &loc, &["--sweep-interval", "2s"]).await;
+    for (name, addr) in [("pod-t", "fd20::1"), ("pod-f", "fd20::2")] {
+        fixtures::apply(
+            &cell,
+            &es,
+            &fixtures::galactic_slice(&ns, name, json!([fixtures::pod_endpoint(addr, name)]), None),
+        )
+        .await?;
+    }
+    fixtures::wait_for(
+        &hub,
+        &es,
+        &ns,
+        &copy_name(&ns, "pod-f", &loc),
+        CONVERGE,
+        "the free name is published",
+        |_| true,
+    )
+    .await?;
+    let labels = [
+        ("kind", "EndpointSlice"),
+        ("location", loc.as_str()),
+        ("class", "not_ours"),
+    ];
+    replicator_e2e::wait::until(CONVERGE, "a not_ours error", || async {
+        Ok::<_, replicator_e2e::Error>(
+            r.metric("replicator_errors_total", &labels)
+                .await?
+                .filter(|n| *n >= 1.0),
+        )
+    })
+    .await?;
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(cell.clone(), &ns);
+    let event = replicator_e2e::wait::until(CONVERGE, "a HubNameTaken event on the source", || async {
+        let list = events.list(&Default::default()).await?;
+        Ok::<_, kube::Error>(
+            list.items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("HubNameTaken")),
+        )
+    })
+    .await?;
+    assert_eq!(event.regarding.as_ref().and_then(|r| r.name.as_deref()), Some("pod-t"));
+
+    // The source goes away: its withdrawal and the sweeps leave the hand-made object alone.
+    for name in ["pod-t", "pod-f"] {
+        fixtures::delete(&cell, &es, &ns, name).await?;
+    }
+    fixtures::wait_gone(&hub, &es, &ns, &copy_name(&ns, "pod-f", &loc), CONVERGE).await?;
+    let swept = r
+        .metric("replicator_sweep_runs_total", &[("location", loc.as_str())])
+        .await?
+        .unwrap_or_default();
+    replicator_e2e::wait::until(Duration::from_secs(30), "two more sweeps", || async {
+        let n = r
+            .metric("replicator_sweep_runs_total", &[("location", loc.as_str())])
+            .await?;
+        Ok::<_, replicator_e2e::Error>(n.filter(|n| *n >= swept + 2.0))
+    })
+    .await?;
+    let after = fixtures::get(&hub, &es, &ns, &taken)
+        .await?
+        .expect("the hand-made object is still there");
+    assert_eq!(after.resource_version(), before.resource_version(), "never written");
+    assert_eq!(labels_of(&after).get("made-by").map(String::as_str), Some("hand"));
+    assert!(!labels_of(&after).contains_key(LOCATION_LABEL));
+    assert_eq!(json_of(&after)["endpoints"][0]["addresses"][0], "fd20::aa");
     Ok(())
 }
 

@@ -113,6 +113,26 @@ pub struct LagRow {
     /// Hub requests the mirror made during the window and its settling, by verb (the
     /// replicator's own count; empty for the relay, which makes one per cell event).
     pub hub_requests: BTreeMap<String, u64>,
+    /// CPU time (user + system) the hub's kube-apiserver spent during the window and its
+    /// settling: what the mirror's writes cost the hub, background (Karmada's watches, the lag
+    /// watch) included alike for both mirrors. `None` when `/proc` could not be read.
+    pub hub_cpu: Option<Duration>,
+    /// CPU time of the mirror's own processes over the same span.
+    pub mirror_cpu: Option<Duration>,
+}
+
+impl LagRow {
+    /// CPU per acknowledged cell write, milliseconds: (hub apiserver, mirror).
+    pub fn cpu_per_write_ms(&self) -> (Option<f64>, Option<f64>) {
+        let writes = self.stats.acked.max(1) as f64;
+        let per = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3 / writes);
+        (per(self.hub_cpu), per(self.mirror_cpu))
+    }
+}
+
+/// CPU time of `pids` together; `None` if any cannot be read.
+fn cpu_of(pids: &[u32]) -> Option<Duration> {
+    pids.iter().map(|&pid| system::cpu_time(pid)).sum()
 }
 
 /// One mirror (replicator or relay) over one object count.
@@ -299,7 +319,8 @@ pub async fn run_count(
     for replicator in &mut replicators {
         replicator.wait_ready(options.timeout).await?;
     }
-    let rows = churn_all(&load, &recorder, options, "replicator", &replicators).await?;
+    let pids: Vec<u32> = replicators.iter().map(ReplicatorProcess::pid).collect();
+    let rows = churn_all(env, &load, &recorder, options, "replicator", &replicators, &pids).await?;
     let peak_rss = peaks(replicators.iter().map(|r| (r.location().to_owned(), r.pid())));
     for replicator in &mut replicators {
         replicator.terminate(Duration::from_secs(10)).await?;
@@ -343,7 +364,8 @@ pub async fn run_count(
         .context("relay start-up")?;
     let startup = present.saturating_duration_since(start);
     progress!(" relay: all copies in {:.1}s", startup.as_secs_f64());
-    let rows = churn_all(&load, &recorder, options, "relay", &[]).await?;
+    let pids: Vec<u32> = relays.iter().filter_map(|(_, child)| child.id()).collect();
+    let rows = churn_all(env, &load, &recorder, options, "relay", &[], &pids).await?;
     let peak_rss = peaks(
         relays
             .iter()
@@ -385,19 +407,26 @@ pub async fn run_count(
 }
 
 /// Churns at every rate, each window followed by its settle wait; counts the hub requests of
-/// `replicators` (if any) over each window.
+/// `replicators` (if any) over each window, and the CPU time of the hub's apiserver and of the
+/// mirror's processes (`mirror_pids`).
 async fn churn_all(
+    env: &Environment,
     load: &Arc<Load>,
     recorder: &Recorder,
     options: &Options,
     who: &str,
     replicators: &[ReplicatorProcess],
+    mirror_pids: &[u32],
 ) -> anyhow::Result<Vec<LagRow>> {
+    let hub_pid = env.apiserver_pid(HUB).await;
+    let hub_cpu = || hub_pid.and_then(system::cpu_time);
     let mut rows = Vec::new();
     for (window, &rate) in options.rates.iter().enumerate() {
         let before = hub_requests(replicators).await?;
+        let cpu_before = (hub_cpu(), cpu_of(mirror_pids));
         let stats = load.churn(rate, options.churn, recorder, window).await?;
         let missing = recorder.settle(window, options.settle).await;
+        let cpu_after = (hub_cpu(), cpu_of(mirror_pids));
         let lags = recorder.lags(window);
         let after = hub_requests(replicators).await?;
         let hub_requests: BTreeMap<String, u64> = after
@@ -405,24 +434,29 @@ async fn churn_all(
             .map(|(verb, n)| (verb.clone(), n.saturating_sub(before.get(verb).copied().unwrap_or(0))))
             .filter(|(_, n)| *n > 0)
             .collect();
-        progress!(
-            " {who} at {rate}/s: {} writes ({:.0}/s), p50 {:.0} ms, p99 {:.0} ms, {missing} missing, {} never published; hub requests {hub_requests:?}",
-            stats.acked,
-            stats.achieved(),
-            propagation::quantile(&lags.lags, 0.5).unwrap_or_default().as_secs_f64() * 1e3,
-            propagation::quantile(&lags.lags, 0.99)
-                .unwrap_or_default()
-                .as_secs_f64()
-                * 1e3,
-            lags.never_published,
-        );
-        rows.push(LagRow {
+        let spent = |a: Option<Duration>, b: Option<Duration>| Some(b?.saturating_sub(a?));
+        let row = LagRow {
             stats,
             lags: lags.lags,
             missing,
             never_published: lags.never_published,
             hub_requests,
-        });
+            hub_cpu: spent(cpu_before.0, cpu_after.0),
+            mirror_cpu: spent(cpu_before.1, cpu_after.1),
+        };
+        let (hub_ms, mirror_ms) = row.cpu_per_write_ms();
+        progress!(
+            " {who} at {rate}/s: {} writes ({:.0}/s), p50 {:.0} ms, p99 {:.0} ms, {missing} missing, {} never published; hub requests {:?}; CPU per write: hub apiserver {:.2} ms, {who} {:.2} ms",
+            row.stats.acked,
+            row.stats.achieved(),
+            propagation::quantile(&row.lags, 0.5).unwrap_or_default().as_secs_f64() * 1e3,
+            propagation::quantile(&row.lags, 0.99).unwrap_or_default().as_secs_f64() * 1e3,
+            row.never_published,
+            row.hub_requests,
+            hub_ms.unwrap_or(f64::NAN),
+            mirror_ms.unwrap_or(f64::NAN),
+        );
+        rows.push(row);
     }
     Ok(rows)
 }

@@ -6,7 +6,7 @@
 //! ```text
 //! replicator-bench [--short] [--out target/bench] [--counts 1000,10000] [--rates 50,200,500]
 //!                  [--churn-seconds 30] [--idle-seconds 60] ...
-//! replicator-bench relay --location dfw --cell-kubeconfig C --hub-kubeconfig H [--workers 4]
+//! replicator-bench relay --location dfw --cell-kubeconfig C --hub-kubeconfig H [--workers 8]
 //! ```
 //!
 //! Writes `<out>/results.md` and `<out>/lag.png` and prints the table. The environment is brought
@@ -57,7 +57,7 @@ struct Cli {
     #[arg(long)]
     sweep_seconds: Option<f64>,
     /// The replicator's `--workers`, and the relay's concurrent writers (per process).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = replicator::cli::DEFAULT_WORKERS)]
     workers: usize,
     /// Karmada's creates per second (default: the target rate).
     #[arg(long)]
@@ -81,7 +81,7 @@ enum Command {
         #[arg(long)]
         hub_kubeconfig: PathBuf,
         /// Concurrent hub writers (both kinds together).
-        #[arg(long, default_value_t = 4)]
+        #[arg(long, default_value_t = replicator::cli::DEFAULT_WORKERS)]
         workers: usize,
     },
     /// Where the replicator's memory goes: resident memory per phase (start-up, quiet, churn).
