@@ -1081,36 +1081,25 @@ impl CellSync {
                 let api = Api::<DynamicObject>::namespaced_with(self.hub.clone(), &key.namespace, &state.resource);
                 // The copy as our cache has it; a copy missing from it is almost always one to
                 // create, but the name may be taken by an object that is not ours (another
-                // location's copy, a hand-made object): a forced apply would take its fields
-                // over, so look first. Metadata alone, from the apiserver's watch cache
-                // (`resourceVersion=0`): the labels are all the guard reads, and such a read costs
-                // the hub no etcd round trip (issue #5: one of the 1.4 requests per write). A name
-                // taken in the instant between this read and the apply is not caught: neither
-                // would it be by a quorum read, the two are not one transaction.
-                let (cached, exists) = match state.copies.get(&cache::key(&key.namespace, &copy_name)) {
-                    Some(copy) => {
-                        let copy = copy.object().map_err(|e| Error::Cache {
-                            what: "copy",
-                            namespace: key.namespace.clone(),
-                            name: copy_name.clone(),
-                            source: e,
-                        })?;
-                        (Some(copy), true)
-                    }
-                    None => {
-                        let found = api
-                            .get_metadata_opt_with(&copy_name, &GetParams::any())
-                            .await
-                            .map_err(Error::Hub)?;
-                        if found.as_ref().is_some_and(|meta| !copy::published_by(meta, location)) {
-                            return Err(self.not_ours(&key.namespace, &copy_name));
-                        }
-                        // Ours but not yet in the cache (a write of ours the watch has not
-                        // delivered yet): applied without an in-sync check.
-                        (None, found.is_some())
-                    }
+                // location's copy, a hand-made object), which a forced apply would take over, or
+                // be our copy the cache has not listed yet (a restart), which may need no write.
+                // So read it first, from the apiserver's watch cache (`resourceVersion=0`): no
+                // etcd round trip for the hub (issue #5). A name taken in the instant between
+                // this read and the apply is not caught; nor would it be by a quorum read.
+                let existing = match state.copies.get(&cache::key(&key.namespace, &copy_name)) {
+                    Some(copy) => Some(copy.object().map_err(|e| Error::Cache {
+                        what: "copy",
+                        namespace: key.namespace.clone(),
+                        name: copy_name.clone(),
+                        source: e,
+                    })?),
+                    None => match api.get_with(&copy_name, &GetParams::any()).await {
+                        Ok(copy) => Some(copy),
+                        Err(kube::Error::Api(s)) if s.code == 404 => None,
+                        Err(e) => return Err(Error::Hub(e)),
+                    },
                 };
-                if let Some(copy) = &cached {
+                if let Some(copy) = &existing {
                     if !copy::published_by(copy, location) {
                         return Err(self.not_ours(&key.namespace, &copy_name));
                     }
@@ -1127,7 +1116,9 @@ impl CellSync {
                 self.expect_echo(key.rule, &key.namespace, &copy_name, applied.resource_version());
                 // A change that leaves the carried status as the copy has it (a label, a spec
                 // field) needs no status write.
-                let status_current = cached.as_ref().is_some_and(|copy| copy::status_in_sync(&desired, copy));
+                let status_current = existing
+                    .as_ref()
+                    .is_some_and(|copy| copy::status_in_sync(&desired, copy));
                 if let Some(status) = desired.status.as_ref().filter(|_| !status_current) {
                     let applied = api
                         .patch_status(&copy_name, &params, &Patch::Apply(status))
@@ -1135,7 +1126,14 @@ impl CellSync {
                         .map_err(Error::Hub)?;
                     self.expect_echo(key.rule, &key.namespace, &copy_name, applied.resource_version());
                 }
-                self.write_done(key, if exists { WriteOp::update } else { WriteOp::create });
+                self.write_done(
+                    key,
+                    if existing.is_some() {
+                        WriteOp::update
+                    } else {
+                        WriteOp::create
+                    },
+                );
                 tracing::debug!(copy = %copy_name, "copy applied");
                 Ok(())
             }
