@@ -33,6 +33,28 @@ fn json_of(o: &DynamicObject) -> Value {
     serde_json::to_value(o).unwrap()
 }
 
+/// Waits until `r` counts an error of `class` for `kind` in `location` and the cell holds an
+/// Event of `reason` in `ns`; returns the Event.
+async fn error_counted_with_event(
+    r: &ReplicatorProcess,
+    cell: &kube::Client,
+    ns: &str,
+    labels: &[(&str, &str)],
+    reason: &str,
+) -> Result<k8s_openapi::api::events::v1::Event, Box<dyn std::error::Error>> {
+    replicator_e2e::wait::until(CONVERGE, &format!("an error counted with {labels:?}"), || async {
+        Ok::<_, replicator_e2e::Error>(r.metric("replicator_errors_total", labels).await?.filter(|n| *n >= 1.0))
+    })
+    .await?;
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(cell.clone(), ns);
+    let event = replicator_e2e::wait::until(CONVERGE, &format!("a {reason} event on the source"), || async {
+        let list = events.list(&Default::default()).await?;
+        Ok::<_, kube::Error>(list.items.into_iter().find(|e| e.reason.as_deref() == Some(reason)))
+    })
+    .await?;
+    Ok(event)
+}
+
 #[tokio::test]
 async fn create_update_and_delete_in_a_cell_reach_the_hub_copy() -> TestResult {
     let env = Environment::ensure_up().await?;
@@ -672,24 +694,7 @@ async fn a_hub_name_taken_by_an_object_not_ours_is_reported_and_never_touched() 
         ("location", loc.as_str()),
         ("class", "not_ours"),
     ];
-    replicator_e2e::wait::until(CONVERGE, "a not_ours error", || async {
-        Ok::<_, replicator_e2e::Error>(
-            r.metric("replicator_errors_total", &labels)
-                .await?
-                .filter(|n| *n >= 1.0),
-        )
-    })
-    .await?;
-    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(cell.clone(), &ns);
-    let event = replicator_e2e::wait::until(CONVERGE, "a HubNameTaken event on the source", || async {
-        let list = events.list(&Default::default()).await?;
-        Ok::<_, kube::Error>(
-            list.items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("HubNameTaken")),
-        )
-    })
-    .await?;
+    let event = error_counted_with_event(&r, &cell, &ns, &labels, "HubNameTaken").await?;
     assert_eq!(event.regarding.as_ref().and_then(|r| r.name.as_deref()), Some("pod-t"));
 
     // The source goes away: its withdrawal and the sweeps leave the hand-made object alone.
@@ -838,24 +843,7 @@ async fn a_source_that_cannot_be_copied_gets_an_event_and_a_metric_and_others_fl
         ("location", loc.as_str()),
         ("class", "source_invalid"),
     ];
-    replicator_e2e::wait::until(CONVERGE, "a source_invalid error", || async {
-        Ok::<_, replicator_e2e::Error>(
-            r.metric("replicator_errors_total", &labels)
-                .await?
-                .filter(|n| *n >= 1.0),
-        )
-    })
-    .await?;
-    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(cell.clone(), &ns);
-    let event = replicator_e2e::wait::until(CONVERGE, "a SourceInvalid event on the source", || async {
-        let list = events.list(&Default::default()).await?;
-        Ok::<_, kube::Error>(
-            list.items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("SourceInvalid")),
-        )
-    })
-    .await?;
+    let event = error_counted_with_event(&r, &cell, &ns, &labels, "SourceInvalid").await?;
     assert_eq!(event.regarding.as_ref().and_then(|r| r.name.as_deref()), Some("bad"));
     assert!(
         event
