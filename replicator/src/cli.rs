@@ -256,7 +256,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// Parses a sweep interval: a duration of at least one second (a sweep lists the hub).
+/// Parses a sweep interval: a duration of at least one second (each sweep confirms every orphan
+/// with a cell read; a shorter interval would only busy the cells).
 ///
 /// # Errors
 /// As [`parse_duration`], or a message for intervals under a second.
@@ -264,7 +265,7 @@ pub fn parse_sweep_interval(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d < Duration::from_secs(1) {
         return Err(format!(
-            "--sweep-interval {s:?} must be at least 1s: every sweep lists the hub"
+            "--sweep-interval {s:?} must be at least 1s"
         ));
     }
     Ok(d)

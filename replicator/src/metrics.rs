@@ -250,7 +250,7 @@ impl Metrics {
         );
         r.register(
             "api_requests",
-            "Kubernetes API requests sent, by cluster (cell, hub) and verb (get, list, watch, create, update, patch, delete)",
+            "Kubernetes API requests sent, by cluster (cell, hub), verb (get, list, watch, create, update, patch, delete, deletecollection, other) and resource",
             m.api_requests.clone(),
         );
         m
