@@ -264,9 +264,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 pub fn parse_sweep_interval(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d < Duration::from_secs(1) {
-        return Err(format!(
-            "--sweep-interval {s:?} must be at least 1s"
-        ));
+        return Err(format!("--sweep-interval {s:?} must be at least 1s"));
     }
     Ok(d)
 }
