@@ -1167,12 +1167,10 @@ impl CellSync {
                 None => tracing::debug!(copy = %name, "cached UID is stale; reading the copy"),
             }
         }
-        // Metadata from the watch cache is enough: the delete is conditional on the UID read.
-        let Some(copy) = api
-            .get_metadata_opt_with(name, &GetParams::any())
-            .await
-            .map_err(Error::Hub)?
-        else {
+        // A quorum read (metadata is enough: the delete is conditional on the UID read). Not the
+        // watch cache: this path runs when our cache is behind, and a cache as far behind would
+        // name the same stale UID, or miss a copy just created, and leave the copy in place.
+        let Some(copy) = api.get_metadata_opt(name).await.map_err(Error::Hub)? else {
             return Ok(false);
         };
         if !copy::published_by(&copy, &self.settings.location) {
