@@ -197,6 +197,18 @@ async fn interface_copies_drop_cell_fields_and_carry_phase_and_conditions() -> T
         json_of(o)["status"]["conditions"][0]["status"] == "False"
     })
     .await?;
+
+    // A carried status field the source loses is cleared on the copy, not left stale.
+    fixtures::set_status(&cell, &ni, &ns, "web-2", json!({"phase": null})).await?;
+    let c = fixtures::wait_for(&hub, &ni, &ns, &copy, CONVERGE, "phase to be cleared", |o| {
+        json_of(o)["status"].get("phase").is_none()
+    })
+    .await?;
+    assert_eq!(
+        json_of(&c)["status"]["conditions"][0]["status"],
+        "False",
+        "the conditions stay"
+    );
     Ok(())
 }
 

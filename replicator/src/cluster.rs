@@ -59,24 +59,59 @@ impl Role {
 }
 
 /// A client from `config` whose every request is counted in
-/// `replicator_api_requests_total{cluster=<role>,verb,resource}` as it is sent.
+/// `replicator_api_requests_total{cluster=<role>,verb,resource}` as it is sent, and timed in
+/// `replicator_api_request_duration_seconds{cluster,verb}` until its response headers arrive.
 ///
 /// # Errors
 /// [`Error::Client`] when no client can be built from the configuration.
 pub fn counted_client(config: Config, role: Role) -> Result<Client, Error> {
-    let counter = tower::util::MapRequestLayer::new(move |request: http::Request<kube::client::Body>| {
-        let labels = crate::metrics::ApiRequestLabels {
-            cluster: role.label(),
-            verb: crate::metrics::api_verb(request.method(), request.uri()),
-            resource: crate::metrics::api_resource(request.uri()),
-        };
-        crate::metrics::api_requests().get_or_create(&labels).inc();
-        request
-    });
+    let layer = tower::layer::layer_fn(move |inner| Counted { inner, role });
     Ok(ClientBuilder::try_from(config)
         .map_err(Error::Client)?
-        .with_layer(&counter)
+        .with_layer(&layer)
         .build())
+}
+
+/// The service of [`counted_client`]'s layer.
+#[derive(Clone)]
+struct Counted<S> {
+    inner: S,
+    role: Role,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Counted<S>
+where
+    S: tower::Service<http::Request<B>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let verb = crate::metrics::api_verb(request.method(), request.uri());
+        let cluster = self.role.label();
+        crate::metrics::api_requests()
+            .get_or_create(&crate::metrics::ApiRequestLabels {
+                cluster,
+                verb,
+                resource: crate::metrics::api_resource(request.uri()),
+            })
+            .inc();
+        let sent = std::time::Instant::now();
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await;
+            crate::metrics::api_request_duration()
+                .get_or_create(&crate::metrics::ApiLatencyLabels { cluster, verb })
+                .observe(sent.elapsed().as_secs_f64());
+            response
+        })
+    }
 }
 
 async fn config_from_kubeconfig(path: &Path) -> Result<Config, Error> {
@@ -294,6 +329,17 @@ mod tests {
         let client = counted_client(Config::new(url.parse().unwrap()), Role::Cell).unwrap();
         client.apiserver_version().await.unwrap();
         assert_eq!(crate::metrics::api_requests().get_or_create(&labels).get(), before + 1);
+        // And timed: the response arrived, so the histogram of cell GETs has a sample.
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("d", "", crate::metrics::api_request_duration().clone());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let count = text
+            .lines()
+            .find(|l| l.starts_with("d_count{") && l.contains(r#"cluster="cell""#) && l.contains(r#"verb="get""#))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse::<u64>().ok());
+        assert!(count.is_some_and(|n| n >= 1), "{text}");
         server.await.unwrap();
     }
 

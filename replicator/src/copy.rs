@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 
 use crate::{
     routing::Routing,
-    rules::{self, Hold, LabelValueSource, Rule},
+    rules::{self, FieldPath, Hold, LabelValueSource, Rule},
 };
 
 /// Annotation on every copy: the source's namespace.
@@ -79,6 +79,10 @@ pub struct Desired {
     /// The status apply body (`apiVersion`, `kind`, `metadata.name/namespace`, `status`) when the
     /// rule carries status; `None` for spec-only kinds, whose copy status is never written.
     pub status: Option<Value>,
+    /// The status paths the rule carries (empty for spec-only kinds): the part of the copy's
+    /// status this replica owns, present in `status` or, when the source has none there, to be
+    /// cleared on the copy ([`status_in_sync`]).
+    pub status_paths: Vec<FieldPath>,
     /// Hex SHA-256 (first 32 digits) of everything above, stored in [`CONTENT_HASH_ANNOTATION`].
     pub hash: String,
 }
@@ -241,6 +245,7 @@ pub fn plan(rule: &Rule, location: &str, source: &DynamicObject, routing: &Routi
         namespace: namespace.to_owned(),
         object,
         status,
+        status_paths: rule.status.clone(),
         hash,
     })))
 }
@@ -286,17 +291,30 @@ pub fn in_sync(desired: &Desired, copy: &DynamicObject) -> bool {
         ),
         other => other.clone(),
     };
-    let object_ok = contains(&actual, &owned(&desired.object));
-    let status_ok = desired.status.as_ref().is_none_or(|s| contains(&actual, &owned(s)));
-    object_ok && status_ok
+    contains(&actual, &owned(&desired.object)) && status_in_sync(desired, Some(copy))
 }
 
-/// Whether the hub copy already carries the status `desired` owns: true for kinds whose status
-/// is not carried, else the copy's `status` contains the desired one (see [`contains`]).
-pub fn status_in_sync(desired: &Desired, copy: &DynamicObject) -> bool {
-    desired.status.as_ref().is_none_or(|body| {
-        let wanted = body.get("status").unwrap_or(&Value::Null);
-        copy.data.get("status").is_some_and(|actual| contains(actual, wanted))
+/// Whether the hub copy (`None`: no copy yet, a create) already carries the status `desired`
+/// owns, so that no status write is needed. True for kinds whose status is not carried. Else,
+/// for every carried status path: the copy's value contains the desired one (see [`contains`];
+/// values others add, say defaults, are ignored), and a path the source does not have is absent
+/// on the copy too (a status field gone from the source is cleared on the copy). So a source
+/// with nothing at the carried paths needs no status write on create: the status subresource
+/// write would be an empty apply, a hub round trip for nothing (issue #5).
+pub fn status_in_sync(desired: &Desired, copy: Option<&DynamicObject>) -> bool {
+    let Some(body) = &desired.status else {
+        return true;
+    };
+    let wanted = body.get("status");
+    let actual = copy.and_then(|c| c.data.get("status"));
+    desired.status_paths.iter().all(|path| {
+        let want = wanted.and_then(|w| lookup(w, path.segments())).filter(|v| !v.is_null());
+        let have = actual.and_then(|a| lookup(a, path.segments())).filter(|v| !v.is_null());
+        match (want, have) {
+            (None, None) => true,
+            (Some(want), Some(have)) => contains(have, want),
+            _ => false,
+        }
     })
 }
 
@@ -681,28 +699,65 @@ mod tests {
     }
 
     #[test]
+    fn a_source_without_carried_status_needs_no_status_write() {
+        let mut source = interface();
+        source.as_object_mut().unwrap().remove("status");
+        let d = publish("networkinterfaces", source.clone());
+        assert_eq!(d.status.as_ref().unwrap()["status"], json!({}));
+        assert!(status_in_sync(&d, None), "no empty status apply on create");
+        let copy = obj(d.object.clone());
+        assert!(status_in_sync(&d, Some(&copy)), "a copy without status is current");
+        assert!(in_sync(&d, &copy), "nor is it rewritten by a restart");
+
+        // Status the source only has outside the carried paths changes nothing either.
+        source["status"] = json!({"vpc": "v-1"});
+        let d = publish("networkinterfaces", source);
+        assert!(status_in_sync(&d, None));
+    }
+
+    #[test]
+    fn a_carried_status_field_gone_from_the_source_is_cleared_on_the_copy() {
+        let before = publish("networkinterfaces", interface());
+        let mut hub = before.object.clone();
+        hub["status"] = before.status.as_ref().unwrap()["status"].clone();
+        let mut source = interface();
+        source["status"].as_object_mut().unwrap().remove("phase");
+        let after = publish("networkinterfaces", source);
+        assert!(
+            !status_in_sync(&after, Some(&obj(hub.clone()))),
+            "the copy still shows the old phase"
+        );
+        hub["status"].as_object_mut().unwrap().remove("phase");
+        assert!(status_in_sync(&after, Some(&obj(hub))));
+    }
+
+    #[test]
     fn status_in_sync_looks_at_the_carried_status_only() {
         let d = publish("networkinterfaces", interface());
         let mut hub = d.object.clone();
         hub["status"] = d.status.as_ref().unwrap()["status"].clone();
         hub["status"]["observedByHub"] = json!(true);
-        assert!(status_in_sync(&d, &obj(hub.clone())), "fields others own are ignored");
+        assert!(
+            status_in_sync(&d, Some(&obj(hub.clone()))),
+            "fields others own are ignored"
+        );
         hub["metadata"]["labels"]["compute.datumapis.com/workload"] = json!("other");
         assert!(
-            status_in_sync(&d, &obj(hub.clone())),
+            status_in_sync(&d, Some(&obj(hub.clone()))),
             "a label change leaves the status current"
         );
         hub["status"]["phase"] = json!("Pending");
-        assert!(!status_in_sync(&d, &obj(hub.clone())));
+        assert!(!status_in_sync(&d, Some(&obj(hub.clone()))));
         hub.as_object_mut().unwrap().remove("status");
-        assert!(!status_in_sync(&d, &obj(hub)), "a copy without status needs one");
+        assert!(!status_in_sync(&d, Some(&obj(hub))), "a copy without status needs one");
+        assert!(!status_in_sync(&d, None), "a create carrying status writes it");
         let network = publish(
             "networks",
             json!({"apiVersion": "networking.datumapis.com/v1alpha", "kind": "Network",
             "metadata": {"name": "n", "namespace": "ns"}, "spec": {"ipam": {}}}),
         );
         assert!(
-            status_in_sync(&network, &obj(network.object.clone())),
+            status_in_sync(&network, Some(&obj(network.object.clone()))),
             "spec-only kinds never write status"
         );
     }

@@ -83,6 +83,24 @@ pub fn api_requests() -> &'static Family<ApiRequestLabels, Counter> {
     FAMILY.get_or_init(Family::default)
 }
 
+/// Labels of `replicator_api_request_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiLatencyLabels {
+    /// The cluster the client talks to: `cell` or `hub`.
+    pub cluster: &'static str,
+    /// The Kubernetes verb of the request (see [`api_verb`]).
+    pub verb: &'static str,
+}
+
+/// The process-wide family behind `replicator_api_request_duration_seconds`: seconds from a
+/// request being sent to its response headers arriving (for a watch, until the stream opens),
+/// by cluster and verb; client-go's `rest_client_request_duration_seconds`. Beside
+/// [`Metrics::sync_duration`] it tells a slow apiserver from a slow pass (issue #5).
+pub fn api_request_duration() -> &'static Family<ApiLatencyLabels, Histogram> {
+    static FAMILY: OnceLock<Family<ApiLatencyLabels, Histogram>> = OnceLock::new();
+    FAMILY.get_or_init(|| Family::new_with_constructor(lag_histogram))
+}
+
 /// The Kubernetes verb of an API request, as the apiserver's audit log names it: `watch`
 /// (`?watch=true`), `list` and `get` (GET of a collection or of one object), `create`, `update`,
 /// `patch`, `delete`, `deletecollection`; `get` for GETs outside `/api` and `/apis` resources
@@ -144,6 +162,13 @@ fn resource_segments<'a, 'b>(segments: &'b [&'a str]) -> &'b [&'a str] {
 pub struct Metrics {
     /// `replicator_propagation_lag_seconds`: source change observed → hub write acknowledged.
     pub propagation_lag: Family<KindLabels, Histogram>,
+    /// `replicator_queue_wait_seconds`: how long a key waited in the work queue before a worker
+    /// took it (client-go's workqueue queue duration). With [`Metrics::sync_duration`] it splits
+    /// the propagation lag into waiting for a worker and the pass itself (issue #5).
+    pub queue_wait: Family<KindLabels, Histogram>,
+    /// `replicator_sync_duration_seconds`: how long one sync pass over a key took, hub round
+    /// trips included, whatever its outcome.
+    pub sync_duration: Family<KindLabels, Histogram>,
     /// `replicator_copies`: copies this location has on the hub (hub cache size).
     pub copies: Family<KindLabels, Gauge>,
     /// `replicator_writes_total`: hub writes by outcome.
@@ -174,6 +199,9 @@ pub struct Metrics {
     /// `replicator_api_requests_total`: Kubernetes API requests sent, by cluster and verb (the
     /// process-wide [`api_requests`]).
     pub api_requests: Family<ApiRequestLabels, Counter>,
+    /// `replicator_api_request_duration_seconds`: request sent → response headers, by cluster
+    /// and verb (the process-wide [`api_request_duration`]).
+    pub api_request_duration: Family<ApiLatencyLabels, Histogram>,
 }
 
 fn lag_histogram() -> Histogram {
@@ -188,6 +216,8 @@ impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self {
             propagation_lag: Family::new_with_constructor(lag_histogram),
+            queue_wait: Family::new_with_constructor(lag_histogram),
+            sync_duration: Family::new_with_constructor(lag_histogram),
             copies: Family::default(),
             writes: Family::default(),
             errors: Family::default(),
@@ -201,12 +231,23 @@ impl Metrics {
             cell_up: Family::default(),
             withdrawn: Family::default(),
             api_requests: api_requests().clone(),
+            api_request_duration: api_request_duration().clone(),
         };
         let r = registry.sub_registry_with_prefix("replicator");
         r.register(
             "propagation_lag_seconds",
             "Seconds from a source change observed in a cell to the hub acknowledging the write",
             m.propagation_lag.clone(),
+        );
+        r.register(
+            "queue_wait_seconds",
+            "Seconds a key waited in the work queue before a worker took it",
+            m.queue_wait.clone(),
+        );
+        r.register(
+            "sync_duration_seconds",
+            "Seconds one sync pass over a key took, hub round trips included",
+            m.sync_duration.clone(),
         );
         r.register("copies", "Copies this location has on the hub", m.copies.clone());
         r.register(
@@ -252,6 +293,11 @@ impl Metrics {
             "api_requests",
             "Kubernetes API requests sent, by cluster (cell, hub), verb (get, list, watch, create, update, patch, delete, deletecollection, other) and resource",
             m.api_requests.clone(),
+        );
+        r.register(
+            "api_request_duration_seconds",
+            "Seconds from a Kubernetes API request sent to its response headers, by cluster and verb",
+            m.api_request_duration.clone(),
         );
         m
     }

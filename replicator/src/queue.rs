@@ -7,10 +7,10 @@
 //! its store (a deleted source would never be seen), so the replicator keeps its own queue.
 
 use std::{
-    collections::{HashSet, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     hash::Hash,
     sync::{Arc, Mutex, MutexGuard},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use tokio::sync::Notify;
@@ -23,7 +23,8 @@ pub struct WorkQueue<K> {
 
 struct State<K> {
     order: VecDeque<K>,
-    queued: HashSet<K>,
+    /// Waiting keys, with when each was queued (the queue-wait metric).
+    queued: HashMap<K, Instant>,
     active: HashSet<K>,
     again: HashSet<K>,
     closed: bool,
@@ -41,7 +42,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
         Self {
             state: Mutex::new(State {
                 order: VecDeque::new(),
-                queued: HashSet::new(),
+                queued: HashMap::new(),
                 active: HashSet::new(),
                 again: HashSet::new(),
                 closed: false,
@@ -59,14 +60,14 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
     /// Queues `key` unless it is already queued; marks it for another pass if it is active.
     pub fn add(&self, key: K) {
         let mut s = self.lock();
-        if s.closed || s.queued.contains(&key) {
+        if s.closed || s.queued.contains_key(&key) {
             return;
         }
         if s.active.contains(&key) {
             s.again.insert(key);
             return;
         }
-        s.queued.insert(key.clone());
+        s.queued.insert(key.clone(), Instant::now());
         s.order.push_back(key);
         drop(s);
         self.notify.notify_one();
@@ -82,7 +83,10 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
     }
 
     /// Waits for the next key and marks it active; `None` once the queue is closed and drained.
-    pub async fn next(&self) -> Option<K> {
+    /// The duration is how long the key waited in the queue (from the add that queued it, or
+    /// from the [`WorkQueue::done`] that queued it again), what client-go's workqueue reports
+    /// as queue duration.
+    pub async fn next(&self) -> Option<(K, Duration)> {
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
@@ -90,13 +94,13 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
             {
                 let mut s = self.lock();
                 if let Some(key) = s.order.pop_front() {
-                    s.queued.remove(&key);
+                    let waited = s.queued.remove(&key).map(|at| at.elapsed()).unwrap_or_default();
                     s.active.insert(key.clone());
                     if !s.order.is_empty() {
                         // Let another idle worker pick up the rest.
                         self.notify.notify_one();
                     }
-                    return Some(key);
+                    return Some((key, waited));
                 }
                 if s.closed {
                     return None;
@@ -110,7 +114,8 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
     pub fn done(&self, key: &K) {
         let mut s = self.lock();
         s.active.remove(key);
-        if s.again.remove(key) && !s.closed && s.queued.insert(key.clone()) {
+        if s.again.remove(key) && !s.closed && !s.queued.contains_key(key) {
+            s.queued.insert(key.clone(), Instant::now());
             s.order.push_back(key.clone());
             drop(s);
             self.notify.notify_one();
@@ -149,20 +154,41 @@ mod tests {
         q.add("b");
         q.add("a");
         assert_eq!(q.len(), 2);
-        assert_eq!(q.next().await, Some("a"));
-        assert_eq!(q.next().await, Some("b"));
+        assert_eq!(q.next().await.map(|(k, _)| k), Some("a"));
+        assert_eq!(q.next().await.map(|(k, _)| k), Some("b"));
         assert!(q.is_empty());
+    }
+
+    #[tokio::test]
+    async fn next_reports_how_long_the_key_waited() {
+        let q = WorkQueue::new();
+        let before = Instant::now();
+        q.add("a");
+        // Let measurable time pass while the key waits (no synchronisation depends on it).
+        while before.elapsed() < Duration::from_millis(5) {
+            std::hint::spin_loop();
+        }
+        let (key, waited) = q.next().await.unwrap();
+        assert_eq!(key, "a");
+        assert!(waited >= Duration::from_millis(5), "waited {waited:?}");
+        assert!(waited <= before.elapsed());
+        // A key queued again by `done` waits from then, not from its first add.
+        q.add("a");
+        let requeued = Instant::now();
+        q.done(&"a");
+        let (_, waited) = q.next().await.unwrap();
+        assert!(waited <= requeued.elapsed());
     }
 
     #[tokio::test]
     async fn a_key_added_while_active_comes_back_after_done_only() {
         let q = WorkQueue::new();
         q.add("a");
-        assert_eq!(q.next().await, Some("a"));
+        assert_eq!(q.next().await.map(|(k, _)| k), Some("a"));
         q.add("a");
         assert!(q.is_empty(), "an active key is not handed out twice");
         q.done(&"a");
-        assert_eq!(q.next().await, Some("a"));
+        assert_eq!(q.next().await.map(|(k, _)| k), Some("a"));
         q.done(&"a");
         assert!(q.is_empty());
     }
@@ -174,7 +200,7 @@ mod tests {
             let q = Arc::clone(&q);
             tokio::spawn(async move {
                 let mut seen = vec![];
-                while let Some(k) = q.next().await {
+                while let Some((k, _)) = q.next().await {
                     seen.push(k);
                     q.done(&k);
                 }
@@ -209,6 +235,6 @@ mod tests {
         assert!(q.is_empty());
         tokio::time::advance(Duration::from_secs(4)).await;
         tokio::task::yield_now().await;
-        assert_eq!(q.next().await, Some("k"));
+        assert_eq!(q.next().await.map(|(k, _)| k), Some("k"));
     }
 }

@@ -849,7 +849,7 @@ impl CellSync {
     }
 
     async fn work(self: Arc<Self>, cancel: CancellationToken) {
-        while let Some(key) = self.queue.next().await {
+        while let Some((key, waited)) = self.queue.next().await {
             // A kind whose caches have not listed yet (say its CRD is missing on the hub) must not
             // park the worker: its key comes back later and other kinds keep flowing.
             if !self.is_listed(key.rule) {
@@ -873,6 +873,10 @@ impl CellSync {
                 () = self.hub_health.wait_up() => {}
             }
             let state = &self.rules[key.rule];
+            self.metrics
+                .queue_wait
+                .get_or_create(&state.labels)
+                .observe(waited.as_secs_f64());
             let span = tracing::info_span!(
                 "sync",
                 cluster = "cell",
@@ -884,7 +888,13 @@ impl CellSync {
             // A bug must cost one key, not a worker: a panic is logged and counted, and the key
             // is retried like any failure.
             let pass = std::panic::AssertUnwindSafe(self.process(&key).instrument(span.clone()));
-            match futures::FutureExt::catch_unwind(pass).await {
+            let started = Instant::now();
+            let outcome = futures::FutureExt::catch_unwind(pass).await;
+            self.metrics
+                .sync_duration
+                .get_or_create(&state.labels)
+                .observe(started.elapsed().as_secs_f64());
+            match outcome {
                 Ok(Ok(())) => {
                     lock(&self.attempts).remove(&key);
                     lock(&self.reported).remove(&key);
@@ -1116,9 +1126,7 @@ impl CellSync {
                 self.expect_echo(key.rule, &key.namespace, &copy_name, applied.resource_version());
                 // A change that leaves the carried status as the copy has it (a label, a spec
                 // field) needs no status write.
-                let status_current = existing
-                    .as_ref()
-                    .is_some_and(|copy| copy::status_in_sync(&desired, copy));
+                let status_current = copy::status_in_sync(&desired, existing.as_ref());
                 if let Some(status) = desired.status.as_ref().filter(|_| !status_current) {
                     let applied = api
                         .patch_status(&copy_name, &params, &Patch::Apply(status))

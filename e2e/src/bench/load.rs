@@ -100,6 +100,8 @@ pub struct Load {
     population: Mutex<Population>,
     seq: AtomicU64,
     next_index: AtomicUsize,
+    /// Labels every created source carries besides the sequence and run labels.
+    source_labels: Vec<(String, String)>,
 }
 
 fn lock(m: &Mutex<Population>) -> MutexGuard<'_, Population> {
@@ -132,7 +134,16 @@ impl Load {
             population: Mutex::default(),
             seq: AtomicU64::new(1),
             next_index: AtomicUsize::new(0),
+            source_labels: Vec::new(),
         })
+    }
+
+    /// The same generator, with `key=value` on every source it creates (the relay's sources
+    /// carry the replicator's loop-guard label, so the replicator never sees them).
+    #[must_use]
+    pub fn with_source_label(mut self, key: &str, value: &str) -> Self {
+        self.source_labels.push((key.to_owned(), value.to_owned()));
+        self
     }
 
     /// How many objects exist now.
@@ -177,6 +188,9 @@ impl Load {
         };
         object["metadata"]["labels"][SEQ_LABEL] = json!(seq.to_string());
         object["metadata"]["labels"][RUN_LABEL] = json!(self.run);
+        for (key, value) in &self.source_labels {
+            object["metadata"]["labels"][key] = json!(value);
+        }
         object
     }
 

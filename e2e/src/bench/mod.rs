@@ -1,21 +1,25 @@
 //! `replicator-bench`: the replicator against a floor and a peer, on the local real control
 //! plane (issue #5).
 //!
-//! For each object count (default 1,000 and 10,000, spread over two cells and two kinds) in a
-//! fresh routed namespace ([`run_count`]):
+//! For each object count (default 1,000 and 10,000, spread over two cells and two kinds)
+//! ([`run_count`]), each mirror gets sources of its own, as many objects in a fresh routed
+//! namespace; the relay's carry the replicator's loop-guard label, so the replicator never
+//! sees them:
 //!
 //! 1. **Replicator**: one `replicator run` process per cell (cell-a as `dfw`, cell-b as `sjc`)
-//!    starts against an empty hub: time until every copy is present (start-up, empty hub); then
-//!    churn at each rate (creates, updates, deletes), and the lag of every write from the cell
-//!    acknowledging it to the copy's event in a hub watch ([`lag`]); peak RSS.
-//! 2. **Restart and rest**: the replicators are stopped and started again over the correct
+//!    starts against an empty hub: time until every copy is present (start-up, empty hub).
+//! 2. **Relay** (the floor): the minimal relay ([`relay`], one process per cell, same build
+//!    profile) starts beside it over its own sources: the same start-up figure.
+//! 3. **Churn** (creates, updates, deletes) at each rate, the two mirrors taking turns, and the
+//!    lag of every write from the cell acknowledging it to the copy's event in a hub watch
+//!    ([`lag`]). At the target rate each mirror gets several windows, in the order A B B A …,
+//!    pooled: a stall of the machine lands in one window of many, and both mirrors sample the
+//!    same stretch of time. Peak RSS of both.
+//! 4. **Restart and rest**: the replicators are stopped and started again over the correct
 //!    copies, with a short sweep interval: time to ready, writes made while re-verifying every
 //!    copy, then an idle window: hub writes per sweep, API requests per minute by verb (counted
 //!    by the replicator itself, `replicator_api_requests_total`).
-//! 3. **Relay** (the floor): the replicator's copies are deleted, and the minimal relay
-//!    ([`relay`], one process per cell, same build profile) mirrors the same objects: start-up
-//!    and the same churn, measured the same way.
-//! 4. **Karmada** (the peer): Karmada's own propagation of as many hub objects to one member
+//! 5. **Karmada** (the peer): Karmada's own propagation of as many hub objects to one member
 //!    ([`crate::propagation`]).
 //!
 //! Every figure is reported with a ratio to a baseline measured in the same run ([`report`]);
@@ -74,6 +78,9 @@ pub struct Options {
     pub rates: Vec<f64>,
     /// The rate the lag targets are judged at (must be one of `rates`).
     pub target_rate: f64,
+    /// Churn windows per mirror at the target rate, alternating between the mirrors and
+    /// pooled (other rates get one each).
+    pub target_windows: usize,
     /// How long each churn window writes.
     pub churn: Duration,
     /// How long to wait, after a window, for its writes to show on the hub.
@@ -98,11 +105,13 @@ pub struct Options {
     pub mode: String,
 }
 
-/// The lag of one churn window.
+/// The lag at one rate: one churn window, or several pooled ([`LagRow::pooled`]).
 #[derive(Debug, Clone)]
 pub struct LagRow {
-    /// What the generator did.
+    /// What the generator did (over all pooled windows: writes summed, elapsed summed).
     pub stats: ChurnStats,
+    /// How many windows are pooled in this row.
+    pub windows: usize,
     /// Every resolved lag, sorted.
     pub lags: Vec<Duration>,
     /// Writes never seen on the hub before the settle deadline.
@@ -122,6 +131,58 @@ pub struct LagRow {
 }
 
 impl LagRow {
+    /// The windows of one mirror at one rate as one row: lags merged, counts, requests and CPU
+    /// times summed (CPU `None` if any window's is).
+    pub fn pooled(rows: Vec<LagRow>) -> LagRow {
+        let mut pooled = LagRow {
+            stats: ChurnStats::default(),
+            windows: 0,
+            lags: Vec::new(),
+            missing: 0,
+            never_published: 0,
+            hub_requests: BTreeMap::new(),
+            hub_cpu: Some(Duration::ZERO),
+            mirror_cpu: Some(Duration::ZERO),
+        };
+        for row in rows {
+            pooled.stats.rate = row.stats.rate;
+            pooled.stats.acked += row.stats.acked;
+            pooled.stats.failed += row.stats.failed;
+            pooled.stats.elapsed += row.stats.elapsed;
+            pooled.windows += row.windows;
+            pooled.lags.extend(row.lags);
+            pooled.missing += row.missing;
+            pooled.never_published += row.never_published;
+            for (verb, n) in row.hub_requests {
+                *pooled.hub_requests.entry(verb).or_insert(0) += n;
+            }
+            pooled.hub_cpu = pooled.hub_cpu.zip(row.hub_cpu).map(|(a, b)| a + b);
+            pooled.mirror_cpu = pooled.mirror_cpu.zip(row.mirror_cpu).map(|(a, b)| a + b);
+        }
+        pooled.lags.sort_unstable();
+        pooled
+    }
+
+    /// A progress line: writes, rate, p50/p99, what went missing, hub requests, CPU per write.
+    pub fn summary(&self) -> String {
+        let (hub_ms, mirror_ms) = self.cpu_per_write_ms();
+        format!(
+            "{} writes ({:.0}/s), p50 {:.0} ms, p99 {:.0} ms, {} missing, {} never published; hub requests {:?}; CPU per write: hub apiserver {:.2} ms, mirror {:.2} ms",
+            self.stats.acked,
+            self.stats.achieved(),
+            propagation::quantile(&self.lags, 0.5).unwrap_or_default().as_secs_f64() * 1e3,
+            propagation::quantile(&self.lags, 0.99)
+                .unwrap_or_default()
+                .as_secs_f64()
+                * 1e3,
+            self.missing,
+            self.never_published,
+            self.hub_requests,
+            hub_ms.unwrap_or(f64::NAN),
+            mirror_ms.unwrap_or(f64::NAN),
+        )
+    }
+
     /// CPU per acknowledged cell write, milliseconds: (hub apiserver, mirror).
     pub fn cpu_per_write_ms(&self) -> (Option<f64>, Option<f64>) {
         let writes = self.stats.acked.max(1) as f64;
@@ -276,6 +337,10 @@ pub async fn run(env: &Environment, options: Options) -> anyhow::Result<Results>
     })
 }
 
+/// The value of the replicator's location label on the relay's sources: the label is the
+/// replicator's loop guard, so the replicator never watches them ([`relay::run`]).
+const RELAY_SOURCE: &str = "relay-source";
+
 /// Measures one object count (see the module documentation).
 ///
 /// # Errors
@@ -286,16 +351,29 @@ pub async fn run_count(
     objects: usize,
     run_id: &str,
 ) -> anyhow::Result<CountResult> {
+    // Each mirror has its own sources (as many objects, in a namespace of its own), so both run
+    // side by side and their churn windows can alternate.
     let namespace = fixtures::unique(&format!("bench-{objects}"));
     fixtures::routed_namespace(env, &namespace).await?;
+    let relay_namespace = format!("{namespace}-relay");
+    fixtures::routed_namespace(env, &relay_namespace).await?;
     let load = Arc::new(Load::new(env, &namespace, run_id).await?);
+    let relay_load = Arc::new(
+        Load::new(env, &relay_namespace, run_id)
+            .await?
+            .with_source_label(LOCATION_LABEL, RELAY_SOURCE),
+    );
     let hub = env.client(HUB).await?;
     let kinds = lag::churned_kinds()?;
 
     let t = Instant::now();
     load.populate(objects).await?;
     let populate = t.elapsed();
-    progress!(" populated {objects} in {:.1}s", populate.as_secs_f64());
+    relay_load.populate(objects).await?;
+    progress!(
+        " populated {objects} in {:.1}s (and as many for the relay)",
+        populate.as_secs_f64()
+    );
 
     // 1. The replicator, from an empty hub.
     let cancel = CancellationToken::new();
@@ -314,39 +392,16 @@ pub async fn run_count(
         .wait_present(objects, options.timeout)
         .await
         .context("replicator start-up")?;
-    let startup = present.saturating_duration_since(start);
-    progress!(" replicator: all copies in {:.1}s", startup.as_secs_f64());
+    let replicator_startup = present.saturating_duration_since(start);
+    progress!(" replicator: all copies in {:.1}s", replicator_startup.as_secs_f64());
     for replicator in &mut replicators {
         replicator.wait_ready(options.timeout).await?;
     }
-    let pids: Vec<u32> = replicators.iter().map(ReplicatorProcess::pid).collect();
-    let rows = churn_all(env, &load, &recorder, options, "replicator", &replicators, &pids).await?;
-    let peak_rss = peaks(replicators.iter().map(|r| (r.location().to_owned(), r.pid())));
-    for replicator in &mut replicators {
-        replicator.terminate(Duration::from_secs(10)).await?;
-    }
-    cancel.cancel();
-    let replicator = MirrorRun {
-        startup_all_present: startup,
-        rows,
-        peak_rss,
-    };
 
-    // 2. Restart over correct copies, then rest.
-    let rest = rest(env, options, &load).await?;
-    progress!(
-        " restart: ready {:.2}s, {} writes; idle {} requests",
-        rest.ready.as_secs_f64(),
-        rest.restart_hub_write_requests,
-        rest.total()
-    );
-    delete_copies(&hub, &namespace, LOCATION_LABEL, options.timeout).await?;
-
-    // 3. The relay over the same objects.
-    let cancel = CancellationToken::new();
-    let recorder = Recorder::start(
+    // 2. The relay over its own sources, from an empty hub (the replicators idle meanwhile).
+    let relay_recorder = Recorder::start(
         hub.clone(),
-        &namespace,
+        &relay_namespace,
         &kinds,
         relay::RELAY_LABEL,
         options.timeout,
@@ -358,15 +413,33 @@ pub async fn run_count(
     for cell in Cluster::CELLS {
         relays.push(spawn_relay(env, options, cell)?);
     }
-    let present = recorder
+    let present = relay_recorder
         .wait_present(objects, options.timeout)
         .await
         .context("relay start-up")?;
-    let startup = present.saturating_duration_since(start);
-    progress!(" relay: all copies in {:.1}s", startup.as_secs_f64());
-    let pids: Vec<u32> = relays.iter().filter_map(|(_, child)| child.id()).collect();
-    let rows = churn_all(env, &load, &recorder, options, "relay", &[], &pids).await?;
-    let peak_rss = peaks(
+    let relay_startup = present.saturating_duration_since(start);
+    progress!(" relay: all copies in {:.1}s", relay_startup.as_secs_f64());
+
+    // 3. Churn, the two mirrors' windows alternating.
+    let sides = [
+        Side {
+            who: "replicator",
+            load: &load,
+            recorder: &recorder,
+            replicators: &replicators,
+            pids: replicators.iter().map(ReplicatorProcess::pid).collect(),
+        },
+        Side {
+            who: "relay",
+            load: &relay_load,
+            recorder: &relay_recorder,
+            replicators: &[],
+            pids: relays.iter().filter_map(|(_, child)| child.id()).collect(),
+        },
+    ];
+    let [replicator_rows, relay_rows] = churn_alternating(env, options, &sides).await?;
+    let replicator_rss = peaks(replicators.iter().map(|r| (r.location().to_owned(), r.pid())));
+    let relay_rss = peaks(
         relays
             .iter()
             .map(|(location, child)| (location.clone(), child.id().unwrap_or_default())),
@@ -375,16 +448,35 @@ pub async fn run_count(
         let _ = child.start_kill();
         let _ = child.wait().await;
     }
+    for replicator in &mut replicators {
+        replicator.terminate(Duration::from_secs(10)).await?;
+    }
     cancel.cancel();
-    let relay = MirrorRun {
-        startup_all_present: startup,
-        rows,
-        peak_rss,
+    let replicator = MirrorRun {
+        startup_all_present: replicator_startup,
+        rows: replicator_rows,
+        peak_rss: replicator_rss,
     };
-    delete_copies(&hub, &namespace, relay::RELAY_LABEL, options.timeout).await?;
+    let relay = MirrorRun {
+        startup_all_present: relay_startup,
+        rows: relay_rows,
+        peak_rss: relay_rss,
+    };
+    delete_copies(&hub, &relay_namespace, relay::RELAY_LABEL, options.timeout).await?;
+    relay_load.delete_all().await?;
+
+    // 4. Restart over correct copies, then rest.
+    let rest = rest(env, options, &load).await?;
+    progress!(
+        " restart: ready {:.2}s, {} writes; idle {} requests",
+        rest.ready.as_secs_f64(),
+        rest.restart_hub_write_requests,
+        rest.total()
+    );
+    delete_copies(&hub, &namespace, LOCATION_LABEL, options.timeout).await?;
     load.delete_all().await?;
 
-    // 4. Karmada's own propagation of as many objects.
+    // 5. Karmada's own propagation of as many objects.
     progress!(" Karmada: {objects} objects to {}", options.peer_member);
     let karmada = propagation::measure(
         env,
@@ -406,59 +498,90 @@ pub async fn run_count(
     })
 }
 
-/// Churns at every rate, each window followed by its settle wait; counts the hub requests of
-/// `replicators` (if any) over each window, and the CPU time of the hub's apiserver and of the
-/// mirror's processes (`mirror_pids`).
-async fn churn_all(
+/// One mirror under churn: its load, its lag recorder, its processes.
+struct Side<'a> {
+    who: &'static str,
+    load: &'a Arc<Load>,
+    recorder: &'a Recorder,
+    /// The replicator processes (their hub requests are counted); empty for the relay.
+    replicators: &'a [ReplicatorProcess],
+    pids: Vec<u32>,
+}
+
+/// Churns at every rate, one window per mirror, the mirrors taking turns; at the target rate
+/// `options.target_windows` windows per mirror, in the order A B B A A B ... so that neither
+/// mirror always follows the other, pooled into one row. A stall of the machine then lands in
+/// one window of many rather than deciding a mirror's whole figure, and both mirrors sample the
+/// same stretch of time. Returns each side's rows, one per rate.
+async fn churn_alternating(
     env: &Environment,
-    load: &Arc<Load>,
-    recorder: &Recorder,
     options: &Options,
-    who: &str,
-    replicators: &[ReplicatorProcess],
-    mirror_pids: &[u32],
-) -> anyhow::Result<Vec<LagRow>> {
-    let hub_pid = env.apiserver_pid(HUB).await;
-    let hub_cpu = || hub_pid.and_then(system::cpu_time);
-    let mut rows = Vec::new();
-    for (window, &rate) in options.rates.iter().enumerate() {
-        let before = hub_requests(replicators).await?;
-        let cpu_before = (hub_cpu(), cpu_of(mirror_pids));
-        let stats = load.churn(rate, options.churn, recorder, window).await?;
-        let missing = recorder.settle(window, options.settle).await;
-        let cpu_after = (hub_cpu(), cpu_of(mirror_pids));
-        let lags = recorder.lags(window);
-        let after = hub_requests(replicators).await?;
-        let hub_requests: BTreeMap<String, u64> = after
-            .iter()
-            .map(|(verb, n)| (verb.clone(), n.saturating_sub(before.get(verb).copied().unwrap_or(0))))
-            .filter(|(_, n)| *n > 0)
-            .collect();
-        let spent = |a: Option<Duration>, b: Option<Duration>| Some(b?.saturating_sub(a?));
-        let row = LagRow {
-            stats,
-            lags: lags.lags,
-            missing,
-            never_published: lags.never_published,
-            hub_requests,
-            hub_cpu: spent(cpu_before.0, cpu_after.0),
-            mirror_cpu: spent(cpu_before.1, cpu_after.1),
+    sides: &[Side<'_>; 2],
+) -> anyhow::Result<[Vec<LagRow>; 2]> {
+    let mut rows: [Vec<LagRow>; 2] = [Vec::new(), Vec::new()];
+    let mut window = 0;
+    for &rate in &options.rates {
+        let turns = if rate == options.target_rate {
+            options.target_windows.max(1)
+        } else {
+            1
         };
-        let (hub_ms, mirror_ms) = row.cpu_per_write_ms();
-        progress!(
-            " {who} at {rate}/s: {} writes ({:.0}/s), p50 {:.0} ms, p99 {:.0} ms, {missing} missing, {} never published; hub requests {:?}; CPU per write: hub apiserver {:.2} ms, {who} {:.2} ms",
-            row.stats.acked,
-            row.stats.achieved(),
-            propagation::quantile(&row.lags, 0.5).unwrap_or_default().as_secs_f64() * 1e3,
-            propagation::quantile(&row.lags, 0.99).unwrap_or_default().as_secs_f64() * 1e3,
-            row.never_published,
-            row.hub_requests,
-            hub_ms.unwrap_or(f64::NAN),
-            mirror_ms.unwrap_or(f64::NAN),
-        );
-        rows.push(row);
+        let mut windows: [Vec<LagRow>; 2] = [Vec::new(), Vec::new()];
+        for turn in 0..turns {
+            let order = if turn % 2 == 0 { [0, 1] } else { [1, 0] };
+            for i in order {
+                windows[i].push(churn_window(env, options, &sides[i], rate, window).await?);
+                window += 1;
+            }
+        }
+        for (i, side) in sides.iter().enumerate() {
+            let row = LagRow::pooled(std::mem::take(&mut windows[i]));
+            if turns > 1 {
+                progress!(" {} at {rate}/s, {turns} windows pooled: {}", side.who, row.summary());
+            }
+            rows[i].push(row);
+        }
     }
     Ok(rows)
+}
+
+/// One churn window of `side` at `rate`, followed by its settle wait: its lags, the hub
+/// requests of the side's replicators (if any), the CPU time of the hub's apiserver and of the
+/// side's processes.
+async fn churn_window(
+    env: &Environment,
+    options: &Options,
+    side: &Side<'_>,
+    rate: f64,
+    window: usize,
+) -> anyhow::Result<LagRow> {
+    let hub_pid = env.apiserver_pid(HUB).await;
+    let hub_cpu = || hub_pid.and_then(system::cpu_time);
+    let before = hub_requests(side.replicators).await?;
+    let cpu_before = (hub_cpu(), cpu_of(&side.pids));
+    let stats = side.load.churn(rate, options.churn, side.recorder, window).await?;
+    let missing = side.recorder.settle(window, options.settle).await;
+    let cpu_after = (hub_cpu(), cpu_of(&side.pids));
+    let lags = side.recorder.lags(window);
+    let after = hub_requests(side.replicators).await?;
+    let hub_requests: BTreeMap<String, u64> = after
+        .iter()
+        .map(|(verb, n)| (verb.clone(), n.saturating_sub(before.get(verb).copied().unwrap_or(0))))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let spent = |a: Option<Duration>, b: Option<Duration>| Some(b?.saturating_sub(a?));
+    let row = LagRow {
+        stats,
+        windows: 1,
+        lags: lags.lags,
+        missing,
+        never_published: lags.never_published,
+        hub_requests,
+        hub_cpu: spent(cpu_before.0, cpu_after.0),
+        mirror_cpu: spent(cpu_before.1, cpu_after.1),
+    };
+    progress!(" {} at {rate}/s: {}", side.who, row.summary());
+    Ok(row)
 }
 
 /// Hub requests of `replicators` so far, by verb (watches excluded).
@@ -513,6 +636,9 @@ pub(crate) async fn spawn_pair(
         for (k, v) in vars {
             spec = spec.env(k, v);
         }
+        if std::env::var_os("BENCH_ADMIN").is_some() {
+            spec = spec.admin();
+        }
         processes.push(ReplicatorProcess::spawn(env, spec).await?);
     }
     Ok(processes)
@@ -534,6 +660,8 @@ fn spawn_relay(env: &Environment, options: &Options, cell: Cluster) -> anyhow::R
         .arg(env.kubeconfig_path(HUB))
         .arg("--workers")
         .arg(options.workers.to_string())
+        .arg("--source-label")
+        .arg(format!("{LOCATION_LABEL}={RELAY_SOURCE}"))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

@@ -15,6 +15,7 @@ use std::hash::{Hash as _, Hasher as _};
 
 use futures::StreamExt as _;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::core::{Expression, Selector};
 use kube::discovery::ApiResource;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt as _};
@@ -36,9 +37,21 @@ struct Change {
 /// Runs the relay for `location` until the process ends: one watch per kind on `cell`, `workers`
 /// concurrent hub writers.
 ///
+/// Without `source_label` it watches what the replicator watches (the default rules' selectors
+/// with the loop guard). With `source_label` (`key`, `value`) it watches the rules' own selectors
+/// plus `key=value` instead: the benchmark gives the relay's sources the replicator's loop-guard
+/// label, so the two mirrors run side by side over disjoint sources and their churn windows can
+/// alternate (`crate::bench`). That label is not carried to the copies.
+///
 /// # Errors
-/// When a rule of the two kinds is missing from the default rules.
-pub async fn run(cell: Client, hub: Client, location: String, workers: usize) -> anyhow::Result<()> {
+/// When a rule of the two kinds is missing from the default rules, or its selector is invalid.
+pub async fn run(
+    cell: Client,
+    hub: Client,
+    location: String,
+    workers: usize,
+    source_label: Option<(String, String)>,
+) -> anyhow::Result<()> {
     let workers = workers.max(1);
     let mut tasks = tokio::task::JoinSet::new();
     // One set of writers for both kinds, as the replicator's workers serve every kind.
@@ -52,7 +65,17 @@ pub async fn run(cell: Client, hub: Client, location: String, workers: usize) ->
             .find(|r| r.name == kinds)
             .ok_or_else(|| anyhow::anyhow!("no default rule {kinds}"))?;
         let resource = rule.resource.api_resource();
-        let selector = rules::source_selector(&rule)?;
+        let selector = match &source_label {
+            None => rules::source_selector(&rule)?,
+            Some((key, value)) => {
+                let mut selector = match &rule.source_selector {
+                    Some(own) => Selector::try_from(own.clone())?,
+                    None => Selector::default(),
+                };
+                selector.extend([Expression::Equal(key.clone(), value.clone())]);
+                selector
+            }
+        };
         let shards = shards.clone();
         let api = Api::<DynamicObject>::all_with(cell.clone(), &resource);
         let config = watcher::Config::default().labels_from(&selector);
@@ -90,10 +113,12 @@ pub async fn run(cell: Client, hub: Client, location: String, workers: usize) ->
     Ok(())
 }
 
-/// The relay copy of `source`: its labels (plus [`RELAY_LABEL`]), annotations and every
+/// The relay copy of `source`: its labels (without the replicator's location label, plus
+/// [`RELAY_LABEL`]), annotations and every
 /// top-level field but `metadata` and `status`, named `<name>-<location>`.
 pub fn relay_copy(source: &DynamicObject, resource: &ApiResource, location: &str) -> Value {
     let mut labels = source.labels().clone();
+    labels.remove(rules::LOCATION_LABEL);
     labels.insert(RELAY_LABEL.to_owned(), location.to_owned());
     let mut body = match &source.data {
         Value::Object(map) => map.clone(),

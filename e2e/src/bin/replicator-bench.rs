@@ -7,6 +7,7 @@
 //! replicator-bench [--short] [--out target/bench] [--counts 1000,10000] [--rates 50,200,500]
 //!                  [--churn-seconds 30] [--idle-seconds 60] ...
 //! replicator-bench relay --location dfw --cell-kubeconfig C --hub-kubeconfig H [--workers 8]
+//!                        [--source-label KEY=VALUE]
 //! ```
 //!
 //! Writes `<out>/results.md` and `<out>/lag.png` and prints the table. The environment is brought
@@ -44,6 +45,10 @@ struct Cli {
     /// The rate the lag targets are judged at.
     #[arg(long, default_value_t = 200.0)]
     target_rate: f64,
+    /// Churn windows per mirror at the target rate, the mirrors taking turns, pooled (default
+    /// 3; short: 2).
+    #[arg(long)]
+    target_windows: Option<usize>,
     /// Seconds of churn per rate (default 30; short: 2).
     #[arg(long)]
     churn_seconds: Option<f64>,
@@ -83,6 +88,10 @@ enum Command {
         /// Concurrent hub writers (both kinds together).
         #[arg(long, default_value_t = replicator::cli::DEFAULT_WORKERS)]
         workers: usize,
+        /// Watch only sources with this `KEY=VALUE` label (instead of the replicator's loop
+        /// guard), so the relay and the replicator can run side by side over disjoint sources.
+        #[arg(long, value_parser = key_value)]
+        source_label: Option<(String, String)>,
     },
     /// Where the replicator's memory goes: resident memory per phase (start-up, quiet, churn).
     Memory {
@@ -145,11 +154,12 @@ async fn main() -> anyhow::Result<ExitCode> {
         cell_kubeconfig,
         hub_kubeconfig,
         workers,
+        source_label,
     }) = cli.command
     {
         let cell = client(&cell_kubeconfig).await?;
         let hub = client(&hub_kubeconfig).await?;
-        bench::relay::run(cell, hub, location, workers).await?;
+        bench::relay::run(cell, hub, location, workers, source_label).await?;
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(Command::Memory {
@@ -193,6 +203,7 @@ async fn main() -> anyhow::Result<ExitCode> {
             }
         }),
         target_rate: cli.target_rate,
+        target_windows: cli.target_windows.unwrap_or(if short { 2 } else { 3 }),
         churn: secs(cli.churn_seconds, 30.0, 2.0, short),
         settle: secs(cli.settle_seconds, 120.0, 20.0, short),
         workers: cli.workers,

@@ -241,7 +241,7 @@ impl Controller {
     }
 
     async fn work(self: Arc<Self>) {
-        while let Some(key) = self.queue.next().await {
+        while let Some((key, _)) = self.queue.next().await {
             let mut rx = self.listed.subscribe();
             let _ = rx.wait_for(|v| *v == ALL_LISTED).await;
             let span = tracing::info_span!(
