@@ -636,9 +636,6 @@ pub(crate) async fn spawn_pair(
         for (k, v) in vars {
             spec = spec.env(k, v);
         }
-        if std::env::var_os("BENCH_ADMIN").is_some() {
-            spec = spec.admin();
-        }
         processes.push(ReplicatorProcess::spawn(env, spec).await?);
     }
     Ok(processes)
