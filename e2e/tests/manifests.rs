@@ -1274,7 +1274,15 @@ fn registered_names() -> BTreeSet<String> {
     let location = LocationLabels { location: "dfw".into() };
     let mut registry = Default::default();
     let m = replicator::metrics::Metrics::register(&mut registry);
-    m.propagation_lag.get_or_create(&kind).observe(0.1);
+    for family in [&m.propagation_lag, &m.queue_wait, &m.sync_duration] {
+        family.get_or_create(&kind).observe(0.1);
+    }
+    m.api_request_duration
+        .get_or_create(&replicator::metrics::ApiLatencyLabels {
+            cluster: "hub",
+            verb: "patch",
+        })
+        .observe(0.01);
     for family in [&m.copies, &m.unroutable, &m.source_up] {
         family.get_or_create(&kind).set(1);
     }

@@ -128,6 +128,8 @@ pub struct LagRow {
     pub hub_cpu: Option<Duration>,
     /// CPU time of the mirror's own processes over the same span.
     pub mirror_cpu: Option<Duration>,
+    /// Where the replicator's lag went over the same span (`None` for the relay).
+    pub stages: Option<Stages>,
 }
 
 impl LagRow {
@@ -143,6 +145,7 @@ impl LagRow {
             hub_requests: BTreeMap::new(),
             hub_cpu: Some(Duration::ZERO),
             mirror_cpu: Some(Duration::ZERO),
+            stages: None,
         };
         for row in rows {
             pooled.stats.rate = row.stats.rate;
@@ -158,16 +161,28 @@ impl LagRow {
             }
             pooled.hub_cpu = pooled.hub_cpu.zip(row.hub_cpu).map(|(a, b)| a + b);
             pooled.mirror_cpu = pooled.mirror_cpu.zip(row.mirror_cpu).map(|(a, b)| a + b);
+            if let Some(stages) = &row.stages {
+                pooled.stages.get_or_insert_with(Stages::default).add(stages);
+            }
         }
         pooled.lags.sort_unstable();
         pooled
     }
 
-    /// A progress line: writes, rate, p50/p99, what went missing, hub requests, CPU per write.
+    /// A progress line: writes, rate, p50/p99, what went missing, hub requests, CPU per write,
+    /// and for the replicator where the lag went.
     pub fn summary(&self) -> String {
         let (hub_ms, mirror_ms) = self.cpu_per_write_ms();
+        let stages = self.stages.as_ref().map(|s| {
+            format!(
+                "; p50/p99 of queue wait {}, sync pass {}, hub apply {}",
+                stage(&s.queue_wait),
+                stage(&s.sync),
+                stage(&s.hub_patch)
+            )
+        });
         format!(
-            "{} writes ({:.0}/s), p50 {:.0} ms, p99 {:.0} ms, {} missing, {} never published; hub requests {:?}; CPU per write: hub apiserver {:.2} ms, mirror {:.2} ms",
+            "{} writes ({:.0}/s), p50 {:.0} ms, p99 {:.0} ms, {} missing, {} never published; hub requests {:?}; CPU per write: hub apiserver {:.2} ms, mirror {:.2} ms{}",
             self.stats.acked,
             self.stats.achieved(),
             propagation::quantile(&self.lags, 0.5).unwrap_or_default().as_secs_f64() * 1e3,
@@ -180,6 +195,7 @@ impl LagRow {
             self.hub_requests,
             hub_ms.unwrap_or(f64::NAN),
             mirror_ms.unwrap_or(f64::NAN),
+            stages.unwrap_or_default(),
         )
     }
 
@@ -188,6 +204,14 @@ impl LagRow {
         let writes = self.stats.acked.max(1) as f64;
         let per = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3 / writes);
         (per(self.hub_cpu), per(self.mirror_cpu))
+    }
+}
+
+/// `p50/p99` of a stage's histogram, in milliseconds (bucket upper bounds, `≤`), or `-`.
+pub fn stage(buckets: &Buckets) -> String {
+    match (buckets.quantile(0.5), buckets.quantile(0.99)) {
+        (Some(p50), Some(p99)) => format!("≤{:.0}/≤{:.0} ms", p50.as_secs_f64() * 1e3, p99.as_secs_f64() * 1e3),
+        _ => "-".to_owned(),
     }
 }
 
@@ -557,13 +581,13 @@ async fn churn_window(
 ) -> anyhow::Result<LagRow> {
     let hub_pid = env.apiserver_pid(HUB).await;
     let hub_cpu = || hub_pid.and_then(system::cpu_time);
-    let before = hub_requests(side.replicators).await?;
+    let (before, stages_before) = hub_requests(side.replicators).await?;
     let cpu_before = (hub_cpu(), cpu_of(&side.pids));
     let stats = side.load.churn(rate, options.churn, side.recorder, window).await?;
     let missing = side.recorder.settle(window, options.settle).await;
     let cpu_after = (hub_cpu(), cpu_of(&side.pids));
     let lags = side.recorder.lags(window);
-    let after = hub_requests(side.replicators).await?;
+    let (after, stages_after) = hub_requests(side.replicators).await?;
     let hub_requests: BTreeMap<String, u64> = after
         .iter()
         .map(|(verb, n)| (verb.clone(), n.saturating_sub(before.get(verb).copied().unwrap_or(0))))
@@ -579,22 +603,137 @@ async fn churn_window(
         hub_requests,
         hub_cpu: spent(cpu_before.0, cpu_after.0),
         mirror_cpu: spent(cpu_before.1, cpu_after.1),
+        stages: (!side.replicators.is_empty()).then(|| stages_after.since(&stages_before)),
     };
     progress!(" {} at {rate}/s: {}", side.who, row.summary());
     Ok(row)
 }
 
 /// Hub requests of `replicators` so far, by verb (watches excluded).
-async fn hub_requests(replicators: &[ReplicatorProcess]) -> anyhow::Result<BTreeMap<String, u64>> {
+async fn hub_requests(replicators: &[ReplicatorProcess]) -> anyhow::Result<(BTreeMap<String, u64>, Stages)> {
     let mut out = BTreeMap::new();
+    let mut stages = Stages::default();
     for replicator in replicators {
-        for ((cluster, verb), n) in requests(&replicator.scrape_metrics().await?) {
+        let text = replicator.scrape_metrics().await?;
+        for ((cluster, verb), n) in requests(&text) {
             if cluster == "hub" && verb != "watch" {
                 *out.entry(verb).or_insert(0) += n;
             }
         }
+        stages.add(&Stages::read(&text));
     }
-    Ok(out)
+    Ok((out, stages))
+}
+
+/// Cumulative bucket counts of one histogram, summed over its series (and processes), by upper
+/// bound in seconds (`+Inf` last).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Buckets(Vec<(f64, f64)>);
+
+impl Buckets {
+    /// The buckets of `name` (without `_bucket`) in `text`, over the series carrying `labels`.
+    pub fn read(text: &str, name: &str, labels: &[(&str, &str)]) -> Buckets {
+        let bucket = format!("{name}_bucket");
+        let mut by_bound: Vec<(f64, f64)> = Vec::new();
+        for sample in parse(text) {
+            if sample.name != bucket || !labels.iter().all(|(k, v)| sample.label(k) == Some(*v)) {
+                continue;
+            }
+            let Some(bound) = sample.label("le").and_then(|le| le.parse::<f64>().ok()) else {
+                continue;
+            };
+            match by_bound.iter_mut().find(|(b, _)| *b == bound) {
+                Some((_, n)) => *n += sample.value,
+                None => by_bound.push((bound, sample.value)),
+            }
+        }
+        by_bound.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Buckets(by_bound)
+    }
+
+    /// Adds `other`'s counts bound by bound (the bounds are the same histogram's).
+    pub fn add(&mut self, other: &Buckets) {
+        for &(bound, n) in &other.0 {
+            match self.0.iter_mut().find(|(b, _)| *b == bound) {
+                Some((_, m)) => *m += n,
+                None => self.0.push((bound, n)),
+            }
+        }
+        self.0.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+
+    /// `self` minus `earlier`: the observations made in between.
+    pub fn since(&self, earlier: &Buckets) -> Buckets {
+        Buckets(
+            self.0
+                .iter()
+                .map(|&(bound, n)| {
+                    let before = earlier.0.iter().find(|(b, _)| *b == bound).map_or(0.0, |(_, m)| *m);
+                    (bound, (n - before).max(0.0))
+                })
+                .collect(),
+        )
+    }
+
+    /// How many observations.
+    pub fn count(&self) -> f64 {
+        self.0.last().map_or(0.0, |(_, n)| *n)
+    }
+
+    /// The upper bound of the bucket holding quantile `q` (an upper estimate, within a factor
+    /// of two for the replicator's power-of-two buckets); `None` without observations.
+    pub fn quantile(&self, q: f64) -> Option<Duration> {
+        let total = self.count();
+        if total <= 0.0 {
+            return None;
+        }
+        self.0
+            .iter()
+            .find(|(_, n)| *n >= q * total)
+            .map(|(bound, _)| Duration::from_secs_f64(if bound.is_finite() { *bound } else { 3600.0 }))
+    }
+}
+
+/// Where the replicator's lag goes, from its own histograms: a key waiting for a worker
+/// (`replicator_queue_wait_seconds`), the pass over it (`replicator_sync_duration_seconds`),
+/// and the hub's answer to a server-side apply (`replicator_api_request_duration_seconds`,
+/// `cluster="hub"`, `verb="patch"`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stages {
+    /// Queue wait.
+    pub queue_wait: Buckets,
+    /// Sync pass.
+    pub sync: Buckets,
+    /// Hub PATCH round trip.
+    pub hub_patch: Buckets,
+}
+
+impl Stages {
+    fn read(text: &str) -> Stages {
+        Stages {
+            queue_wait: Buckets::read(text, "replicator_queue_wait_seconds", &[]),
+            sync: Buckets::read(text, "replicator_sync_duration_seconds", &[]),
+            hub_patch: Buckets::read(
+                text,
+                "replicator_api_request_duration_seconds",
+                &[("cluster", "hub"), ("verb", "patch")],
+            ),
+        }
+    }
+
+    fn add(&mut self, other: &Stages) {
+        self.queue_wait.add(&other.queue_wait);
+        self.sync.add(&other.sync);
+        self.hub_patch.add(&other.hub_patch);
+    }
+
+    fn since(&self, earlier: &Stages) -> Stages {
+        Stages {
+            queue_wait: self.queue_wait.since(&earlier.queue_wait),
+            sync: self.sync.since(&earlier.sync),
+            hub_patch: self.hub_patch.since(&earlier.hub_patch),
+        }
+    }
 }
 
 fn peaks(processes: impl Iterator<Item = (String, u32)>) -> BTreeMap<String, u64> {
@@ -992,4 +1131,49 @@ pub fn write_outputs(results: &Results, dir: &Path) -> anyhow::Result<String> {
     std::fs::write(dir.join("results.md"), &markdown)?;
     chart::draw(results, &dir.join("lag.png"))?;
     Ok(markdown)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BEFORE: &str = "\
+replicator_queue_wait_seconds_bucket{kind=\"A\",location=\"dfw\",le=\"0.001\"} 10
+replicator_queue_wait_seconds_bucket{kind=\"A\",location=\"dfw\",le=\"0.002\"} 10
+replicator_queue_wait_seconds_bucket{kind=\"A\",location=\"dfw\",le=\"+Inf\"} 10
+replicator_queue_wait_seconds_bucket{kind=\"B\",location=\"dfw\",le=\"0.001\"} 0
+replicator_queue_wait_seconds_bucket{kind=\"B\",location=\"dfw\",le=\"0.002\"} 0
+replicator_queue_wait_seconds_bucket{kind=\"B\",location=\"dfw\",le=\"+Inf\"} 0
+";
+
+    #[test]
+    fn buckets_sum_series_and_subtract_an_earlier_reading() {
+        let before = Buckets::read(BEFORE, "replicator_queue_wait_seconds", &[]);
+        assert_eq!(before.count(), 10.0);
+        assert_eq!(before.quantile(0.99), Some(Duration::from_millis(1)));
+        // 10 more observations: 5 at most 1 ms (kind A), 4 in (1 ms, 2 ms] and 1 above (kind B).
+        let after_text = BEFORE
+            .replace("le=\"0.001\"} 10", "le=\"0.001\"} 15")
+            .replace("le=\"0.002\"} 10", "le=\"0.002\"} 15")
+            .replace("le=\"+Inf\"} 10", "le=\"+Inf\"} 15")
+            .replace("le=\"0.002\"} 0", "le=\"0.002\"} 4")
+            .replace("le=\"+Inf\"} 0", "le=\"+Inf\"} 5");
+        let window = Buckets::read(&after_text, "replicator_queue_wait_seconds", &[]).since(&before);
+        assert_eq!(window.count(), 10.0);
+        assert_eq!(window.quantile(0.5), Some(Duration::from_millis(1)));
+        assert_eq!(window.quantile(0.9), Some(Duration::from_millis(2)));
+        assert_eq!(
+            window.quantile(0.99),
+            Some(Duration::from_secs(3600)),
+            "+Inf reads as an hour"
+        );
+        let mut pooled = window.clone();
+        pooled.add(&window);
+        assert_eq!(pooled.count(), 20.0);
+        assert_eq!(Buckets::default().quantile(0.5), None);
+        assert_eq!(
+            Buckets::read(BEFORE, "replicator_queue_wait_seconds", &[("kind", "B")]).count(),
+            0.0
+        );
+    }
 }

@@ -325,6 +325,30 @@ pub fn markdown(results: &Results) -> String {
 
     let _ = writeln!(
         s,
+        "\nWhere the replicator's lag goes, from its own histograms over the same windows (both processes; bucket upper bounds, so each figure is an upper estimate within a factor of two): a key waiting for a worker (`replicator_queue_wait_seconds`), one pass over it, every hub round trip included (`replicator_sync_duration_seconds`), and the hub answering one server-side apply (`replicator_api_request_duration_seconds{{cluster=\"hub\",verb=\"patch\"}}`). Queue wait growing while passes stay short would mean too few workers; passes growing with the hub's answers, a slow hub.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| objects | rate asked | passes | queue wait p50 / p99 | sync pass p50 / p99 | hub apply p50 / p99 |\n|---:|---:|---:|---:|---:|---:|"
+    );
+    for c in &results.counts {
+        for row in &c.replicator.rows {
+            let Some(stages) = &row.stages else { continue };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.0} | {} | {} | {} |",
+                count(c.objects),
+                row.stats.rate,
+                stages.sync.count(),
+                super::stage(&stages.queue_wait),
+                super::stage(&stages.sync),
+                super::stage(&stages.hub_patch),
+            );
+        }
+    }
+
+    let _ = writeln!(
+        s,
         "\n## 2. Peer: Karmada's own propagation\n\nHub create acknowledged → the member's watch event, as many objects as the count. Ratio: the replicator's p50 at {}/s ÷ Karmada's p50.\n",
         o.target_rate
     );
