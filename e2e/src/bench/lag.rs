@@ -84,6 +84,8 @@ pub struct WindowLags {
     /// Writes to objects that were created and deleted in the cell before any copy of them
     /// appeared on the hub (a mirror that coalesces skips them; the hub ends as it should).
     pub never_published: usize,
+    /// The resolved lags again, by what the cell write did, each sorted.
+    pub by_op: HashMap<Op, Vec<Duration>>,
 }
 
 fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
@@ -272,12 +274,19 @@ impl Recorder {
                 (Op::Delete, Seen::Seq(_)) => false,
             });
             match hit {
-                Some((_, at)) => out.lags.push(at.saturating_duration_since(ack.at)),
+                Some((_, at)) => {
+                    let lag = at.saturating_duration_since(ack.at);
+                    out.lags.push(lag);
+                    out.by_op.entry(ack.op).or_default().push(lag);
+                }
                 None if sightings.is_empty() && deleted.contains(ack.copy.as_str()) => out.never_published += 1,
                 None => out.missing += 1,
             }
         }
         out.lags.sort();
+        for lags in out.by_op.values_mut() {
+            lags.sort();
+        }
         out
     }
 }

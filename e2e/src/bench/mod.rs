@@ -130,6 +130,8 @@ pub struct LagRow {
     pub mirror_cpu: Option<Duration>,
     /// Where the replicator's lag went over the same span (`None` for the relay).
     pub stages: Option<Stages>,
+    /// The resolved lags by what the cell write did, each sorted.
+    pub by_op: std::collections::HashMap<lag::Op, Vec<Duration>>,
 }
 
 impl LagRow {
@@ -146,6 +148,7 @@ impl LagRow {
             hub_cpu: Some(Duration::ZERO),
             mirror_cpu: Some(Duration::ZERO),
             stages: None,
+            by_op: std::collections::HashMap::new(),
         };
         for row in rows {
             pooled.stats.rate = row.stats.rate;
@@ -164,8 +167,14 @@ impl LagRow {
             if let Some(stages) = &row.stages {
                 pooled.stages.get_or_insert_with(Stages::default).add(stages);
             }
+            for (op, lags) in row.by_op {
+                pooled.by_op.entry(op).or_default().extend(lags);
+            }
         }
         pooled.lags.sort_unstable();
+        for lags in pooled.by_op.values_mut() {
+            lags.sort_unstable();
+        }
         pooled
     }
 
@@ -181,8 +190,20 @@ impl LagRow {
                 stage(&s.hub_patch)
             )
         });
+        let by_op: Vec<String> = [
+            (lag::Op::Create, "create"),
+            (lag::Op::Update, "update"),
+            (lag::Op::Delete, "delete"),
+        ]
+        .iter()
+        .filter_map(|(op, name)| {
+            let lags = self.by_op.get(op)?;
+            let p99 = propagation::quantile(lags, 0.99)?;
+            Some(format!("{name} {:.0}", p99.as_secs_f64() * 1e3))
+        })
+        .collect();
         format!(
-            "{} writes ({:.0}/s), p50 {:.0} ms, p99 {:.0} ms, {} missing, {} never published; hub requests {:?}; CPU per write: hub apiserver {:.2} ms, mirror {:.2} ms{}",
+            "{} writes ({:.0}/s), p50 {:.0} ms, p99 {:.0} ms ({} ms), {} missing, {} never published; hub requests {:?}; CPU per write: hub apiserver {:.2} ms, mirror {:.2} ms{}",
             self.stats.acked,
             self.stats.achieved(),
             propagation::quantile(&self.lags, 0.5).unwrap_or_default().as_secs_f64() * 1e3,
@@ -190,6 +211,7 @@ impl LagRow {
                 .unwrap_or_default()
                 .as_secs_f64()
                 * 1e3,
+            by_op.join(", "),
             self.missing,
             self.never_published,
             self.hub_requests,
@@ -604,6 +626,7 @@ async fn churn_window(
         hub_cpu: spent(cpu_before.0, cpu_after.0),
         mirror_cpu: spent(cpu_before.1, cpu_after.1),
         stages: (!side.replicators.is_empty()).then(|| stages_after.since(&stages_before)),
+        by_op: lags.by_op,
     };
     progress!(" {} at {rate}/s: {}", side.who, row.summary());
     Ok(row)

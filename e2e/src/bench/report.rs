@@ -349,6 +349,41 @@ pub fn markdown(results: &Results) -> String {
 
     let _ = writeln!(
         s,
+        "\nThe lag at {}/s by what the cell write did: a create costs the replicator a read (its cache has no copy, and the name may be taken by an object not its own) before the apply; an update, one apply; a delete, one delete. The relay makes one request for each.\n",
+        o.target_rate
+    );
+    let _ = writeln!(
+        s,
+        "| objects | write | replicator p50 / p99 | relay p50 / p99 | p99 ÷ relay |\n|---:|---|---:|---:|---:|"
+    );
+    for c in &results.counts {
+        let (Some(rep), Some(rel)) = (
+            at_rate(&c.replicator.rows, o.target_rate),
+            at_rate(&c.relay.rows, o.target_rate),
+        ) else {
+            continue;
+        };
+        for (op, name) in [
+            (super::lag::Op::Create, "create"),
+            (super::lag::Op::Update, "update"),
+            (super::lag::Op::Delete, "delete"),
+        ] {
+            let of = |r: &LagRow, p: f64| r.by_op.get(&op).and_then(|l| quantile(l, p));
+            let _ = writeln!(
+                s,
+                "| {} | {name} | {} / {} | {} / {} | {} |",
+                count(c.objects),
+                opt_ms(of(rep, 0.5)),
+                opt_ms(of(rep, 0.99)),
+                opt_ms(of(rel, 0.5)),
+                opt_ms(of(rel, 0.99)),
+                x(ratio(of(rep, 0.99), of(rel, 0.99))),
+            );
+        }
+    }
+
+    let _ = writeln!(
+        s,
         "\n## 2. Peer: Karmada's own propagation\n\nHub create acknowledged → the member's watch event, as many objects as the count. Ratio: the replicator's p50 at {}/s ÷ Karmada's p50.\n",
         o.target_rate
     );
