@@ -35,6 +35,20 @@ pub enum Op {
     Delete,
 }
 
+impl Op {
+    /// Every operation, in report order.
+    pub const ALL: [Op; 3] = [Op::Create, Op::Update, Op::Delete];
+
+    /// The operation's name in reports: `create`, `update`, `delete`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Create => "create",
+            Op::Update => "update",
+            Op::Delete => "delete",
+        }
+    }
+}
+
 /// One acknowledged cell write.
 #[derive(Debug, Clone)]
 pub struct Ack {

@@ -190,18 +190,13 @@ impl LagRow {
                 stage(&s.hub_patch)
             )
         });
-        let by_op: Vec<String> = [
-            (lag::Op::Create, "create"),
-            (lag::Op::Update, "update"),
-            (lag::Op::Delete, "delete"),
-        ]
-        .iter()
-        .filter_map(|(op, name)| {
-            let lags = self.by_op.get(op)?;
-            let p99 = propagation::quantile(lags, 0.99)?;
-            Some(format!("{name} {:.0}", p99.as_secs_f64() * 1e3))
-        })
-        .collect();
+        let by_op: Vec<String> = lag::Op::ALL
+            .iter()
+            .filter_map(|op| {
+                let p99 = propagation::quantile(self.by_op.get(op)?, 0.99)?;
+                Some(format!("{} {:.0}", op.name(), p99.as_secs_f64() * 1e3))
+            })
+            .collect();
         format!(
             "{} writes ({:.0}/s), p50 {:.0} ms, p99 {:.0} ms ({} ms), {} missing, {} never published; hub requests {:?}; CPU per write: hub apiserver {:.2} ms, mirror {:.2} ms{}",
             self.stats.acked,
@@ -603,13 +598,13 @@ async fn churn_window(
 ) -> anyhow::Result<LagRow> {
     let hub_pid = env.apiserver_pid(HUB).await;
     let hub_cpu = || hub_pid.and_then(system::cpu_time);
-    let (before, stages_before) = hub_requests(side.replicators).await?;
+    let (before, stages_before) = scrape_counts(side.replicators).await?;
     let cpu_before = (hub_cpu(), cpu_of(&side.pids));
     let stats = side.load.churn(rate, options.churn, side.recorder, window).await?;
     let missing = side.recorder.settle(window, options.settle).await;
     let cpu_after = (hub_cpu(), cpu_of(&side.pids));
     let lags = side.recorder.lags(window);
-    let (after, stages_after) = hub_requests(side.replicators).await?;
+    let (after, stages_after) = scrape_counts(side.replicators).await?;
     let hub_requests: BTreeMap<String, u64> = after
         .iter()
         .map(|(verb, n)| (verb.clone(), n.saturating_sub(before.get(verb).copied().unwrap_or(0))))
@@ -632,8 +627,9 @@ async fn churn_window(
     Ok(row)
 }
 
-/// Hub requests of `replicators` so far, by verb (watches excluded).
-async fn hub_requests(replicators: &[ReplicatorProcess]) -> anyhow::Result<(BTreeMap<String, u64>, Stages)> {
+/// Hub requests of `replicators` so far, by verb (watches excluded), and their lag stages
+/// ([`Stages`]), summed over the processes: one scrape each.
+async fn scrape_counts(replicators: &[ReplicatorProcess]) -> anyhow::Result<(BTreeMap<String, u64>, Stages)> {
     let mut out = BTreeMap::new();
     let mut stages = Stages::default();
     for replicator in replicators {

@@ -363,16 +363,13 @@ pub fn markdown(results: &Results) -> String {
         ) else {
             continue;
         };
-        for (op, name) in [
-            (super::lag::Op::Create, "create"),
-            (super::lag::Op::Update, "update"),
-            (super::lag::Op::Delete, "delete"),
-        ] {
+        for op in super::lag::Op::ALL {
             let of = |r: &LagRow, p: f64| r.by_op.get(&op).and_then(|l| quantile(l, p));
             let _ = writeln!(
                 s,
-                "| {} | {name} | {} / {} | {} / {} | {} |",
+                "| {} | {} | {} / {} | {} / {} | {} |",
                 count(c.objects),
+                op.name(),
                 opt_ms(of(rep, 0.5)),
                 opt_ms(of(rep, 0.99)),
                 opt_ms(of(rel, 0.5)),
