@@ -128,6 +128,9 @@ pub struct LagRow {
     pub hub_cpu: Option<Duration>,
     /// CPU time of the mirror's own processes over the same span.
     pub mirror_cpu: Option<Duration>,
+    /// The whole machine's CPU over the churn itself (not the settling): how close to
+    /// saturation the window ran. `None` when `/proc/stat` could not be read.
+    pub machine: Option<system::MachineCpu>,
     /// Where the replicator's lag went over the same span (`None` for the relay).
     pub stages: Option<Stages>,
     /// The resolved lags by what the cell write did, each sorted.
@@ -147,6 +150,7 @@ impl LagRow {
             hub_requests: BTreeMap::new(),
             hub_cpu: Some(Duration::ZERO),
             mirror_cpu: Some(Duration::ZERO),
+            machine: Some(system::MachineCpu::default()),
             stages: None,
             by_op: std::collections::HashMap::new(),
         };
@@ -164,6 +168,7 @@ impl LagRow {
             }
             pooled.hub_cpu = pooled.hub_cpu.zip(row.hub_cpu).map(|(a, b)| a + b);
             pooled.mirror_cpu = pooled.mirror_cpu.zip(row.mirror_cpu).map(|(a, b)| a + b);
+            pooled.machine = pooled.machine.zip(row.machine).map(|(a, b)| a + b);
             if let Some(stages) = &row.stages {
                 pooled.stages.get_or_insert_with(Stages::default).add(stages);
             }
@@ -197,8 +202,13 @@ impl LagRow {
                 Some(format!("{} {:.0}", op.name(), p99.as_secs_f64() * 1e3))
             })
             .collect();
+        let machine = self
+            .machine
+            .and_then(system::MachineCpu::shares)
+            .map(|(busy, steal)| format!("; machine busy {busy:.0} %, steal {steal:.0} %"))
+            .unwrap_or_default();
         format!(
-            "{} writes ({:.0}/s), p50 {:.0} ms, p99 {:.0} ms ({} ms), {} missing, {} never published; hub requests {:?}; CPU per write: hub apiserver {:.2} ms, mirror {:.2} ms{}",
+            "{} writes ({:.0}/s), p50 {:.0} ms, p99 {:.0} ms ({} ms), {} missing, {} never published; hub requests {:?}; CPU per write: hub apiserver {:.2} ms, mirror {:.2} ms{machine}{}",
             self.stats.acked,
             self.stats.achieved(),
             propagation::quantile(&self.lags, 0.5).unwrap_or_default().as_secs_f64() * 1e3,
@@ -600,7 +610,11 @@ async fn churn_window(
     let hub_cpu = || hub_pid.and_then(system::cpu_time);
     let (before, stages_before) = scrape_counts(side.replicators).await?;
     let cpu_before = (hub_cpu(), cpu_of(&side.pids));
+    let machine_before = system::machine_cpu();
     let stats = side.load.churn(rate, options.churn, side.recorder, window).await?;
+    let machine = system::machine_cpu()
+        .zip(machine_before)
+        .map(|(after, before)| after.since(before));
     let missing = side.recorder.settle(window, options.settle).await;
     let cpu_after = (hub_cpu(), cpu_of(&side.pids));
     let lags = side.recorder.lags(window);
@@ -620,6 +634,7 @@ async fn churn_window(
         hub_requests,
         hub_cpu: spent(cpu_before.0, cpu_after.0),
         mirror_cpu: spent(cpu_before.1, cpu_after.1),
+        machine,
         stages: (!side.replicators.is_empty()).then(|| stages_after.since(&stages_before)),
         by_op: lags.by_op,
     };

@@ -93,6 +93,16 @@ fn cpu_per_write(row: &LagRow) -> String {
     format!("{} / {} ms", ms(hub), ms(mirror))
 }
 
+/// The machine's CPU over the churn: `97 % (steal 2 %)`, or `?`.
+fn machine_busy(row: &LagRow) -> String {
+    row.machine
+        .and_then(crate::bench::system::MachineCpu::shares)
+        .map_or_else(
+            || "?".to_owned(),
+            |(busy, steal)| format!("{busy:.0} % (steal {steal:.0} %)"),
+        )
+}
+
 /// The row of `rate` in `rows` (matched within 1 %).
 fn at_rate(rows: &[LagRow], rate: f64) -> Option<&LagRow> {
     rows.iter().find(|r| (r.stats.rate - rate).abs() <= rate.abs() * 0.01)
@@ -279,11 +289,11 @@ pub fn markdown(results: &Results) -> String {
 
     let _ = writeln!(
         s,
-        "\n## 1. Propagation lag\n\nCell write acknowledged → the copy's event in a hub watch. Baseline: the relay (watch, server-side apply, nothing else) over the same load; ratios are replicator ÷ relay. *Missing*: writes the hub never showed within the settle time; *never published*: writes to objects created and deleted before any copy of them appeared (a mirror that coalesces skips them, the hub ends right; they are not in the percentiles, and are only seen when a mirror lags by more than an object's life). *CPU per write*: CPU time of the hub's kube-apiserver and of the mirror's processes from the window's start to its settling, over the writes: what each write costs, a figure that does not swing with the machine's stalls as tail lags do (the hub's background, Karmada's watches and the lag watch, is in both mirrors' figures alike).\n"
+        "\n## 1. Propagation lag\n\nCell write acknowledged → the copy's event in a hub watch. Baseline: the relay (watch, server-side apply, nothing else) over the same load; ratios are replicator ÷ relay. *Missing*: writes the hub never showed within the settle time; *never published*: writes to objects created and deleted before any copy of them appeared (a mirror that coalesces skips them, the hub ends right; they are not in the percentiles, and are only seen when a mirror lags by more than an object's life). *CPU per write*: CPU time of the hub's kube-apiserver and of the mirror's processes from the window's start to its settling, over the writes: what each write costs, a figure that does not swing with the machine's stalls as tail lags do (the hub's background, Karmada's watches and the lag watch, is in both mirrors' figures alike). *Machine busy*: the share of all cores' time spent running anything during the churn (from `/proc/stat`; *steal*: time the hypervisor gave to other guests). Near 100 % the machine is saturated: every process, both mirrors' and the apiservers', waits for a core, and a few percent more work per write turns into a long queue, so tail lags there swing far more than the CPU figures.\n"
     );
     let _ = writeln!(
         s,
-        "| objects | rate asked | mirror | writes (achieved/s) | missing | hub requests per write | CPU per write: hub apiserver / mirror | p50 | p95 | p99 | max | p50 ÷ relay | p95 ÷ relay | p99 ÷ relay | max ÷ relay |\n|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| objects | rate asked | mirror | writes (achieved/s) | missing | hub requests per write | CPU per write: hub apiserver / mirror | machine busy | p50 | p95 | p99 | max | p50 ÷ relay | p95 ÷ relay | p99 ÷ relay | max ÷ relay |\n|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for c in &results.counts {
         for (rep, rel) in c.replicator.rows.iter().zip(&c.relay.rows) {
@@ -301,7 +311,7 @@ pub fn markdown(results: &Results) -> String {
                     .collect();
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {name} | {} ({:.0}) | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {name} | {} ({:.0}) | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     count(c.objects),
                     row.stats.rate,
                     row.stats.acked,
@@ -313,6 +323,7 @@ pub fn markdown(results: &Results) -> String {
                     },
                     per_write(row, name == "relay"),
                     cpu_per_write(row),
+                    machine_busy(row),
                     opt_ms(q(row, 0.5)),
                     opt_ms(q(row, 0.95)),
                     opt_ms(q(row, 0.99)),

@@ -94,6 +94,64 @@ pub fn cpu_time(pid: u32) -> Option<std::time::Duration> {
     Some(std::time::Duration::from_millis(ticks * 10))
 }
 
+/// The machine's CPU time so far, all cores, from the first line of `/proc/stat`, in ticks
+/// (USER_HZ): what every process used, what stayed idle, and what the hypervisor gave to other
+/// guests (`steal`). `None` when `/proc/stat` cannot be read.
+pub fn machine_cpu() -> Option<MachineCpu> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line.split_whitespace().map(str::parse).collect::<Result<_, _>>().ok()?;
+    // user nice system idle iowait irq softirq steal (guest time is already in user).
+    let field = |i: usize| v.get(i).copied().unwrap_or(0);
+    Some(MachineCpu {
+        busy: field(0) + field(1) + field(2) + field(5) + field(6),
+        idle: field(3) + field(4),
+        steal: field(7),
+    })
+}
+
+/// Machine CPU ticks (see [`machine_cpu`]); subtract two readings for a span.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MachineCpu {
+    /// Ticks spent running anything (user, nice, system, irq, softirq).
+    pub busy: u64,
+    /// Ticks idle or waiting for I/O.
+    pub idle: u64,
+    /// Ticks the hypervisor ran other guests while this one wanted to run.
+    pub steal: u64,
+}
+
+impl MachineCpu {
+    /// The ticks between `earlier` and `self`.
+    pub fn since(self, earlier: MachineCpu) -> MachineCpu {
+        MachineCpu {
+            busy: self.busy.saturating_sub(earlier.busy),
+            idle: self.idle.saturating_sub(earlier.idle),
+            steal: self.steal.saturating_sub(earlier.steal),
+        }
+    }
+
+    /// Busy and stolen shares of the span, percent of all the machine's CPU time: (busy, steal).
+    /// `None` for an empty span.
+    pub fn shares(self) -> Option<(f64, f64)> {
+        let total = (self.busy + self.idle + self.steal) as f64;
+        (total > 0.0).then(|| (self.busy as f64 * 100.0 / total, self.steal as f64 * 100.0 / total))
+    }
+}
+
+/// Two spans together (pooled windows).
+impl std::ops::Add for MachineCpu {
+    type Output = MachineCpu;
+
+    fn add(self, other: MachineCpu) -> MachineCpu {
+        MachineCpu {
+            busy: self.busy + other.busy,
+            idle: self.idle + other.idle,
+            steal: self.steal + other.steal,
+        }
+    }
+}
+
 /// `git rev-parse --short HEAD` of the workspace, with `-dirty` when the tree has changes;
 /// `unknown` when git is unavailable.
 pub fn git_revision() -> String {
@@ -119,6 +177,35 @@ pub fn git_revision() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn machine_cpu_shares_of_a_span() {
+        let before = MachineCpu {
+            busy: 1000,
+            idle: 500,
+            steal: 10,
+        };
+        let after = MachineCpu {
+            busy: 1180,
+            idle: 510,
+            steal: 20,
+        };
+        let span = after.since(before);
+        assert_eq!(
+            span,
+            MachineCpu {
+                busy: 180,
+                idle: 10,
+                steal: 10
+            }
+        );
+        assert_eq!(span.shares(), Some((90.0, 5.0)));
+        assert_eq!((span + span).shares(), Some((90.0, 5.0)));
+        assert_eq!(MachineCpu::default().shares(), None);
+        // This machine's own counters move forward.
+        let now = machine_cpu().map(|c| c.busy + c.idle);
+        assert!(now.is_some_and(|t| t > 0), "/proc/stat gave {now:?}");
+    }
 
     #[test]
     fn reads_kib_fields_and_this_process() {
