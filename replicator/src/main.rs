@@ -3,12 +3,6 @@
 use clap::Parser;
 use replicator::cli::{self, Cli, Command};
 
-/// mimalloc instead of the system allocator. The sync path allocates per event and per pass
-/// (watch decoding, the cached text, the desired copy); under churn, glibc's malloc and free
-/// took a quarter of the process's CPU (`perf record` at 200 writes/s, issue #5).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {

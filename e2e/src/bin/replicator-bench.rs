@@ -24,11 +24,6 @@ use replicator_e2e::bench::{self, Options};
 use replicator_e2e::{EDGE_1, Environment};
 use tracing_subscriber::EnvFilter;
 
-/// The replicator's allocator (see its `main.rs`), so that the relay, the floor, differs from
-/// it in what it does, not in how it allocates.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Benchmark the replicator against a minimal relay and Karmada on the local control plane.
 #[derive(Debug, Parser)]
 #[command(version, about)]
