@@ -79,6 +79,12 @@ pub fn check_timing(duration: Duration, grace: Duration) -> Result<(), String> {
 const MIN_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// How long a Lease seen free, without a release having been watched, is left to this
+/// replica's Lease manager before the election is rejoined. The manager may have read the Lease
+/// while it was still held (a replica started just before the holder stopped) and then sleeps
+/// until the old term would have expired; a fresh manager reads it anew and takes it.
+const FREE_LEASE_GRACE: Duration = Duration::from_secs(1);
+
 /// Takes part in the election of `location` until `cancel` fires, calling `on_change(true)`
 /// when this replica becomes leader and `on_change(false)` when it stops being one (also once at
 /// the start). On cancel a held Lease is released, so a standby takes over without waiting for
@@ -163,9 +169,12 @@ async fn follow(
         .applied_objects()
         .boxed();
     let mut leading = false;
-    // Only a transition from held to free counts: a Lease that is free from the start is the
-    // manager's to take (and if it cannot, rejoining at once would spin).
+    // A transition from held to free is a release: rejoin at once. A Lease free from the
+    // start is the manager's to take, unless it read the Lease before the release and now waits
+    // for the old term to end: after `FREE_LEASE_GRACE` without leading, rejoin. (Not at once:
+    // the manager may be taking it right now, and rejoining would spin.)
     let mut seen_held = false;
+    let mut free_since: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     // One `changed()` call lives until it returns: dropping it mid-renewal (as a `select!` that
     // re-creates it on every Lease event would) loses the renewal's answer, so the manager's
     // idea of the expiry stays old and it renews again at once: a renewal, an event, a renewal,
@@ -179,10 +188,20 @@ async fn follow(
                     let held = seen.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).is_some_and(|h| !h.is_empty());
                     if held {
                         seen_held = true;
+                        free_since = None;
                     } else if seen_held && !leading {
                         tracing::info!("the Lease was released; taking part again at once");
                         return Followed::Released;
+                    } else if !leading && free_since.is_none() {
+                        free_since = Some(Box::pin(tokio::time::sleep(FREE_LEASE_GRACE)));
                     }
+                }
+            }
+            () = async { if let Some(t) = free_since.as_mut() { t.await } }, if free_since.is_some() => {
+                free_since = None;
+                if !leading {
+                    tracing::info!("the Lease is free and this replica's manager has not taken it; taking part again");
+                    return Followed::Released;
                 }
             }
             () = cancel.cancelled() => {
@@ -205,6 +224,7 @@ async fn follow(
                     *backoff = MIN_BACKOFF;
                     leading = now;
                     if now {
+                        free_since = None;
                         tracing::info!(identity = %settings.identity, "became leader: writing and sweeping");
                     } else {
                         tracing::info!(identity = %settings.identity, "lost the Lease: standing by with warm caches");
