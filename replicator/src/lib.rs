@@ -9,6 +9,7 @@ pub mod cache;
 pub mod cli;
 pub mod cluster;
 pub mod copy;
+pub mod echo;
 pub mod election;
 pub mod health;
 pub mod http;

@@ -44,6 +44,7 @@ use crate::{
     cache::{self, Cached},
     cluster::HubHealth,
     copy::{self, Plan},
+    echo::{CopyId, Echoes, Seen},
     health::Health,
     metrics::{ErrorLabels, KindLabels, LocationLabels, Metrics, WriteLabels, WriteOp},
     queue::WorkQueue,
@@ -273,9 +274,9 @@ pub struct CellSync {
     attempts: Mutex<HashMap<Key, u32>>,
     reported: Mutex<HashMap<Key, &'static str>>,
     deferred: Mutex<HashSet<Key>>,
-    /// Resource versions of our own hub writes whose watch events have not arrived yet, per
-    /// (rule, namespace, copy name): their echo needs no second pass.
-    echoes: Mutex<HashMap<(usize, String, String), Vec<String>>>,
+    /// Our own hub writes, per (rule, namespace, copy name): their watch events (echoes) need
+    /// no second pass.
+    echoes: Mutex<Echoes>,
     readiness: watch::Sender<u64>,
     gate: watch::Sender<WriteGate>,
     metrics: Metrics,
@@ -657,7 +658,7 @@ impl CellSync {
                         Event::InitApply(o) => relisting.extend(self.source_key_of_copy(i, o)),
                         Event::InitDone => {
                             // A relist skips events: echoes still awaited never come.
-                            lock(&self.echoes).retain(|(rule, _, _), _| *rule != i);
+                            lock(&self.echoes).forget_rule(i);
                             for key in &relisting {
                                 before_relist.remove(key);
                             }
@@ -672,14 +673,19 @@ impl CellSync {
                             // Our own write coming back needs no second pass; any other change
                             // (an edit, Karmada's labels) is checked against the source.
                             if let Some(key) = self.source_key_of_copy(i, o)
-                                && !self.is_echo(i, o)
+                                && self.needs_pass(i, o)
                             {
                                 self.queue.add(key);
                             }
                         }
                         Event::Delete(o) => {
-                            lock(&self.echoes).remove(&(i, o.namespace().unwrap_or_default(), o.name_any()));
-                            if let Some(key) = self.source_key_of_copy(i, o) {
+                            lock(&self.echoes).forget(&(i, o.namespace().unwrap_or_default(), o.name_any()));
+                            // A copy whose source is gone from the cell cache was withdrawn (by us,
+                            // or its withdraw is queued): a pass would find nothing to do. Only a
+                            // copy deleted under a live source is published again.
+                            if let Some(key) = self.source_key_of_copy(i, o)
+                                && state.sources.get(&cache::key(&key.namespace, &key.name)).is_some()
+                            {
                                 self.queue.add(key);
                             }
                         }
@@ -797,36 +803,14 @@ impl CellSync {
         }
     }
 
-    /// Records that our write left copy `namespace/name` of `rule` at `resource_version`.
-    fn expect_echo(&self, rule: usize, namespace: &str, name: &str, resource_version: Option<String>) {
-        if let Some(rv) = resource_version {
-            lock(&self.echoes)
-                .entry((rule, namespace.to_owned(), name.to_owned()))
-                .or_default()
-                .push(rv);
-        }
-    }
-
-    /// Whether the watch event of `copy` is the echo of one of our writes (same resource
-    /// version). Consumes it, with any earlier awaited echo of the copy (a write that changed
-    /// nothing makes no event).
-    fn is_echo(&self, rule: usize, copy: &DynamicObject) -> bool {
+    /// Whether the watch event of `copy` needs a pass over its source: not for the echo of one
+    /// of our writes, nor (yet) for an event while one is in flight (see [`crate::echo`]).
+    fn needs_pass(&self, rule: usize, copy: &DynamicObject) -> bool {
         let Some(rv) = copy.resource_version() else {
-            return false;
+            return true;
         };
-        let mut echoes = lock(&self.echoes);
         let id = (rule, copy.namespace().unwrap_or_default(), copy.name_any());
-        let Some(awaited) = echoes.get_mut(&id) else {
-            return false;
-        };
-        let Some(at) = awaited.iter().position(|v| *v == rv) else {
-            return false;
-        };
-        awaited.drain(..=at);
-        if awaited.is_empty() {
-            echoes.remove(&id);
-        }
-        true
+        lock(&self.echoes).observe(&id, &rv) == Seen::Change
     }
 
     fn key(&self, rule: usize, o: &DynamicObject) -> Key {
@@ -1118,22 +1102,14 @@ impl CellSync {
                         return Ok(());
                     }
                 }
-                let params = PatchParams::apply(&self.field_manager).force();
-                let applied = api
-                    .patch(&copy_name, &params, &Patch::Apply(&desired.object))
-                    .await
-                    .map_err(Error::Hub)?;
-                self.expect_echo(key.rule, &key.namespace, &copy_name, applied.resource_version());
-                // A change that leaves the carried status as the copy has it (a label, a spec
-                // field) needs no status write.
-                let status_current = copy::status_in_sync(&desired, existing.as_ref());
-                if let Some(status) = desired.status.as_ref().filter(|_| !status_current) {
-                    let applied = api
-                        .patch_status(&copy_name, &params, &Patch::Apply(status))
-                        .await
-                        .map_err(Error::Hub)?;
-                    self.expect_echo(key.rule, &key.namespace, &copy_name, applied.resource_version());
+                let id = (key.rule, key.namespace.clone(), copy_name.clone());
+                lock(&self.echoes).begin(id.clone());
+                let written = self.apply_copy(&api, &id, &desired, existing.as_ref()).await;
+                // An event held while writing that was not our echo: the source gets a pass.
+                if lock(&self.echoes).end(&id) {
+                    self.queue.add(key.clone());
                 }
+                written?;
                 self.write_done(
                     key,
                     if existing.is_some() {
@@ -1146,6 +1122,34 @@ impl CellSync {
                 Ok(())
             }
         }
+    }
+
+    /// Server-side applies `desired` to copy `id` (and its status, when the carried status
+    /// differs from `existing`'s), recording each write's resourceVersion as an awaited echo.
+    async fn apply_copy(
+        &self,
+        api: &Api<DynamicObject>,
+        id: &CopyId,
+        desired: &copy::Desired,
+        existing: Option<&DynamicObject>,
+    ) -> Result<(), Error> {
+        let params = PatchParams::apply(&self.field_manager).force();
+        let applied = api
+            .patch(&desired.name, &params, &Patch::Apply(&desired.object))
+            .await
+            .map_err(Error::Hub)?;
+        lock(&self.echoes).wrote(id, applied.resource_version());
+        // A change that leaves the carried status as the copy has it (a label, a spec field)
+        // needs no status write.
+        let status_current = copy::status_in_sync(desired, existing);
+        if let Some(status) = desired.status.as_ref().filter(|_| !status_current) {
+            let applied = api
+                .patch_status(&desired.name, &params, &Patch::Apply(status))
+                .await
+                .map_err(Error::Hub)?;
+            lock(&self.echoes).wrote(id, applied.resource_version());
+        }
+        Ok(())
     }
 
     fn not_ours(&self, namespace: &str, name: &str) -> Error {
