@@ -263,7 +263,7 @@ pub fn markdown(results: &Results) -> String {
     );
     let _ = writeln!(
         s,
-        "- **Parameters**: objects {} (each split evenly over cell-a/`dfw`, cell-b/`sjc` × galactic EndpointSlices, NetworkInterfaces); churn {} writes/s, {:.0} s each, cycling update, create, update, delete (population constant), the mirrors over disjoint sources of as many objects and taking turns, {} windows each at {}/s (order A B B A …, pooled); settle ≤ {:.0} s; `--workers {}` (the relay: {} writers per process); restart with `--sweep-interval {:.0}s`, idle window {:.0} s; Karmada: as many ConfigMaps at {}/s to `{}`.",
+        "- **Parameters**: objects {} (each split evenly over cell-a/`dfw`, cell-b/`sjc` × galactic EndpointSlices, NetworkInterfaces); churn {} writes/s, {:.0} s each, cycling update, create, update, delete (population constant), the mirrors over disjoint sources of as many objects and taking turns, {} windows each at {}/s (order A B B A …, pooled); settle ≤ {:.0} s; `--workers {}` (the relay: {} writers per process); both mirrors with the replicator's least-privilege identities; restart with `--sweep-interval {:.0}s`, idle window {:.0} s; Karmada: as many ConfigMaps at {}/s to `{}`.",
         o.counts.iter().map(|c| count(*c)).collect::<Vec<_>>().join(", "),
         o.rates.iter().map(|r| format!("{r}")).collect::<Vec<_>>().join(", "),
         o.churn.as_secs_f64(),
