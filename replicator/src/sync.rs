@@ -258,6 +258,31 @@ pub struct Writers {
     namespaces: Writer<Namespace>,
 }
 
+/// A write to a copy in flight (see [`crate::echo`]): events of the copy are held until it
+/// ends. Ending it, also when the pass fails, panics or is dropped, gives the source a pass if an
+/// event held meanwhile was not the write's echo.
+struct Writing<'a> {
+    sync: &'a CellSync,
+    key: &'a Key,
+    id: CopyId,
+}
+
+impl<'a> Writing<'a> {
+    fn begin(sync: &'a CellSync, key: &'a Key, copy_name: String) -> Writing<'a> {
+        let id = (key.rule, key.namespace.clone(), copy_name);
+        lock(&sync.echoes).begin(id.clone());
+        Writing { sync, key, id }
+    }
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        if lock(&self.sync.echoes).end(&self.id) {
+            self.sync.queue.add(self.key.clone());
+        }
+    }
+}
+
 /// One cell mirrored onto the hub.
 pub struct CellSync {
     /// Settings.
@@ -1102,14 +1127,9 @@ impl CellSync {
                         return Ok(());
                     }
                 }
-                let id = (key.rule, key.namespace.clone(), copy_name.clone());
-                lock(&self.echoes).begin(id.clone());
-                let written = self.apply_copy(&api, &id, &desired, existing.as_ref()).await;
-                // An event held while writing that was not our echo: the source gets a pass.
-                if lock(&self.echoes).end(&id) {
-                    self.queue.add(key.clone());
-                }
-                written?;
+                let writing = Writing::begin(self, key, copy_name.clone());
+                self.apply_copy(&api, &writing.id, &desired, existing.as_ref()).await?;
+                drop(writing);
                 self.write_done(
                     key,
                     if existing.is_some() {
