@@ -365,6 +365,7 @@ pub async fn run(env: &Environment, options: Options) -> anyhow::Result<Results>
         );
     }
     let suspended = suspend_policies(env, &mut warnings).await?;
+    remove_leftovers(env, options.timeout, &mut warnings).await?;
     let run_id = fixtures::unique("run");
     let mut counts = Vec::new();
     let mut outcome = Ok(());
@@ -1056,6 +1057,56 @@ where
         }
     }
     call().await
+}
+
+/// Deletes what an earlier run that never finished (interrupted, killed) left behind: its
+/// sources in the cells, found by [`load::RUN_LABEL`], and every mirror's copies in their
+/// namespaces on the hub. Their namespaces stay Terminating (the cells run no namespace
+/// controller), so without this the replicators of this run would list, cache and sweep them
+/// too, and the figures (start-up, memory) would be of more objects than the counts say. What
+/// was deleted is printed and kept in `warnings` (the report).
+///
+/// # Errors
+/// A list or delete that fails after retries, or copies not gone within `deadline`.
+async fn remove_leftovers(env: &Environment, deadline: Duration, warnings: &mut Vec<String>) -> anyhow::Result<()> {
+    let selector = ListParams::default().labels(load::RUN_LABEL);
+    let kinds = lag::churned_kinds()?;
+    let mut namespaces = std::collections::BTreeSet::new();
+    let mut sources = 0;
+    for cell in Cluster::CELLS {
+        let client = env.client(cell).await?;
+        for kind in &kinds {
+            let api = Api::<DynamicObject>::all_with(client.clone(), kind);
+            let listed = retrying(|| api.list_metadata(&selector)).await?;
+            sources += listed.items.len();
+            namespaces.extend(listed.items.iter().filter_map(|o| o.namespace()));
+        }
+    }
+    if sources == 0 {
+        return Ok(());
+    }
+    let delete_params = DeleteParams::default();
+    for cell in Cluster::CELLS {
+        let client = env.client(cell).await?;
+        for kind in &kinds {
+            for namespace in &namespaces {
+                let api = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, kind);
+                retrying(|| api.delete_collection(&delete_params, &selector)).await?;
+            }
+        }
+    }
+    let hub = env.client(HUB).await?;
+    for namespace in &namespaces {
+        delete_copies(&hub, namespace, LOCATION_LABEL, deadline).await?;
+        delete_copies(&hub, namespace, relay::RELAY_LABEL, deadline).await?;
+    }
+    let note = format!(
+        "deleted {sources} sources an unfinished earlier run left in the cells, and their hub copies (namespaces {})",
+        namespaces.into_iter().collect::<Vec<_>>().join(", ")
+    );
+    progress!(" {note}");
+    warnings.push(note);
+    Ok(())
 }
 
 /// Deletes the copies carrying `label` in `namespace` on the hub and waits until they are gone.
