@@ -123,7 +123,7 @@ impl Echoes {
         });
     }
 
-    /// Copies tracked (for tests and the leak check).
+    /// Copies tracked: with a write in flight or an echo awaited.
     pub fn len(&self) -> usize {
         self.copies.len()
     }

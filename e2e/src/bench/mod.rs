@@ -1070,30 +1070,26 @@ where
 /// A list or delete that fails after retries, or copies not gone within `deadline`.
 async fn remove_leftovers(env: &Environment, deadline: Duration, warnings: &mut Vec<String>) -> anyhow::Result<()> {
     let selector = ListParams::default().labels(load::RUN_LABEL);
+    let delete_params = DeleteParams::default();
     let kinds = lag::churned_kinds()?;
     let mut namespaces = std::collections::BTreeSet::new();
     let mut sources = 0;
     for cell in Cluster::CELLS {
         let client = env.client(cell).await?;
         for kind in &kinds {
-            let api = Api::<DynamicObject>::all_with(client.clone(), kind);
-            let listed = retrying(|| api.list_metadata(&selector)).await?;
-            sources += listed.items.len();
-            namespaces.extend(listed.items.iter().filter_map(|o| o.namespace()));
+            let all = Api::<DynamicObject>::all_with(client.clone(), kind);
+            let listed = retrying(|| all.list_metadata(&selector)).await?.items;
+            sources += listed.len();
+            let here: std::collections::BTreeSet<String> = listed.iter().filter_map(|o| o.namespace()).collect();
+            for namespace in &here {
+                let api = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, kind);
+                retrying(|| api.delete_collection(&delete_params, &selector)).await?;
+            }
+            namespaces.extend(here);
         }
     }
     if sources == 0 {
         return Ok(());
-    }
-    let delete_params = DeleteParams::default();
-    for cell in Cluster::CELLS {
-        let client = env.client(cell).await?;
-        for kind in &kinds {
-            for namespace in &namespaces {
-                let api = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, kind);
-                retrying(|| api.delete_collection(&delete_params, &selector)).await?;
-            }
-        }
     }
     let hub = env.client(HUB).await?;
     for namespace in &namespaces {
