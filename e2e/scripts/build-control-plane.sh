@@ -4,12 +4,13 @@
 #
 #   etcd                                     go.etcd.io/etcd/server/v3   $ETCD_VERSION
 #   kube-apiserver, kube-controller-manager,
-#   kubectl                                  k8s.io/kubernetes           $KUBE_VERSION
+#   kube-scheduler, kubelet, kubectl         k8s.io/kubernetes           $KUBE_VERSION
 #   karmada-{aggregated-apiserver,webhook,
 #   controller-manager,scheduler}            github.com/karmada-io/karmada $KARMADA_VERSION
 #
 # Output: $REPLICATOR_CACHE/bin/etcd-$ETCD_VERSION/etcd,
-#         $REPLICATOR_CACHE/bin/kubernetes-$KUBE_VERSION/{kube-apiserver,kube-controller-manager,kubectl}
+#         $REPLICATOR_CACHE/bin/kubernetes-$KUBE_VERSION/{kube-apiserver,kube-controller-manager,
+#           kube-scheduler,kubelet,kubectl}
 #         $REPLICATOR_CACHE/bin/karmada-$KARMADA_VERSION/karmada-{aggregated-apiserver,webhook,
 #           controller-manager,scheduler}, plus the manifests the harness installs, copied from
 #           the module: crds/ (charts/karmada/_crds/bases, without the kustomization) and
@@ -47,14 +48,20 @@ build_etcd() {
   log "etcd $ETCD_VERSION: built at $out"
 }
 
+# The cells are real one-node clusters (kubelet, scheduler), so the set grew from three.
+KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+
 build_kubernetes() {
-  local out="$CACHE/bin/kubernetes-$KUBE_VERSION"
-  if [[ -x "$out/kube-apiserver" && -x "$out/kube-controller-manager" && -x "$out/kubectl" ]]; then
-    log "kubernetes $KUBE_VERSION: cached at $out"; return
-  fi
+  local out="$CACHE/bin/kubernetes-$KUBE_VERSION" cmd missing=()
+  for cmd in "${KUBE_COMMANDS[@]}"; do [[ -x "$out/$cmd" ]] || missing+=("$cmd"); done
+  if (( ${#missing[@]} == 0 )); then log "kubernetes $KUBE_VERSION: cached at $out"; return; fi
   local work="$CACHE/src/kubernetes-$KUBE_VERSION" staging_version="v0.${KUBE_VERSION#v1.}"
   local minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
-  rm -rf "$work" && mkdir -p "$work" "$out.tmp"
+  rm -rf "$work" "$out.tmp" && mkdir -p "$work" "$out.tmp"
+  # Keep what an older cache already has (a cache from before kubelet joined the set).
+  for cmd in "${KUBE_COMMANDS[@]}"; do
+    if [[ -x "$out/$cmd" ]]; then cp "$out/$cmd" "$out.tmp/"; fi
+  done
   log "kubernetes $KUBE_VERSION: reading its go.mod for the staging modules"
   local modfile
   modfile=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')
@@ -69,7 +76,7 @@ build_kubernetes() {
       while read -r m; do echo "replace $m => $m $staging_version"; done
   } >"$work/go.mod"
   log "kubernetes $KUBE_VERSION: $(grep -c '^replace' "$work/go.mod") staging replaces to $staging_version; resolving modules (several minutes cold)"
-  (cd "$work" && for cmd in kube-apiserver kube-controller-manager kubectl; do
+  (cd "$work" && for cmd in "${missing[@]}"; do
       go get -tool "k8s.io/kubernetes/cmd/$cmd@$KUBE_VERSION"
     done)
   local v="k8s.io/component-base/version" cv="k8s.io/client-go/pkg/version"
@@ -77,7 +84,7 @@ build_kubernetes() {
   for p in "$v" "$cv"; do
     ld="$ld -X $p.gitVersion=$KUBE_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
   done
-  for cmd in kube-apiserver kube-controller-manager kubectl; do
+  for cmd in "${missing[@]}"; do
     log "kubernetes $KUBE_VERSION: compiling $cmd (the first one takes longest on 2 cores)"
     (cd "$work" && go build -trimpath -ldflags "$ld" -o "$out.tmp/$cmd" "k8s.io/kubernetes/cmd/$cmd")
   done

@@ -13,7 +13,8 @@ use crate::paths;
 
 /// The etcd version the harness runs.
 pub const ETCD_VERSION: &str = "v3.6.16";
-/// The Kubernetes version the harness runs (kube-apiserver, kube-controller-manager, kubectl).
+/// The Kubernetes version the harness runs (kube-apiserver, kube-controller-manager,
+/// kube-scheduler, kubelet, kubectl).
 pub const KUBE_VERSION: &str = "v1.35.4";
 /// The Karmada version the harness runs (aggregated apiserver, webhook, controller-manager,
 /// scheduler). v1.19.0 is not on the module proxy; v1.18.2 pairs with Kubernetes 1.35.
@@ -28,6 +29,10 @@ pub struct Binaries {
     pub kube_apiserver: PathBuf,
     /// kube-controller-manager.
     pub kube_controller_manager: PathBuf,
+    /// kube-scheduler (the cells').
+    pub kube_scheduler: PathBuf,
+    /// kubelet (the cells').
+    pub kubelet: PathBuf,
     /// kubectl.
     pub kubectl: PathBuf,
     /// karmada-aggregated-apiserver (serves `cluster.karmada.io`).
@@ -54,6 +59,8 @@ impl Binaries {
             etcd: bin.join(format!("etcd-{ETCD_VERSION}")).join("etcd"),
             kube_apiserver: kube.join("kube-apiserver"),
             kube_controller_manager: kube.join("kube-controller-manager"),
+            kube_scheduler: kube.join("kube-scheduler"),
+            kubelet: kube.join("kubelet"),
             kubectl: kube.join("kubectl"),
             karmada_aggregated_apiserver: karmada.join("karmada-aggregated-apiserver"),
             karmada_webhook: karmada.join("karmada-webhook"),
@@ -69,12 +76,14 @@ impl Binaries {
         Binaries::in_cache(&paths::cache_dir())
     }
 
-    /// The paths of the eight executables and of the webhook configuration (every file).
-    pub fn all(&self) -> [&Path; 9] {
+    /// The paths of the ten executables and of the webhook configuration (every file).
+    pub fn all(&self) -> [&Path; 11] {
         [
             &self.etcd,
             &self.kube_apiserver,
             &self.kube_controller_manager,
+            &self.kube_scheduler,
+            &self.kubelet,
             &self.kubectl,
             &self.karmada_aggregated_apiserver,
             &self.karmada_webhook,

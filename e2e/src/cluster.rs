@@ -73,6 +73,29 @@ impl Cluster {
         }
     }
 
+    /// The cluster's number in the address plan: 0 for the hub, 1 and 2 for the cells, 3 for
+    /// edge-1. Every address the harness hands out lies in the benchmarking range 198.18.0.0/15
+    /// (never a private range): services in `198.19.<n>.0/24`, a cell's pods in `198.18.<n>.0/24`.
+    pub fn number(self) -> u8 {
+        match self {
+            Cluster::Hub => 0,
+            Cluster::CellA => 1,
+            Cluster::CellB => 2,
+            Cluster::Edge1 => 3,
+        }
+    }
+
+    /// The apiserver's `--service-cluster-ip-range`: `198.19.<n>.0/24`.
+    pub fn service_cidr(self) -> String {
+        format!("198.19.{}.0/24", self.number())
+    }
+
+    /// The ClusterIP of the cluster's `kubernetes` Service (the first address of
+    /// [`Cluster::service_cidr`]), which in-cluster clients dial: `198.19.<n>.1`.
+    pub fn kubernetes_service_ip(self) -> std::net::Ipv4Addr {
+        std::net::Ipv4Addr::new(198, 19, self.number(), 1)
+    }
+
     /// Whether this is one of the cells (cell-a or cell-b).
     pub fn is_cell(self) -> bool {
         matches!(self, Cluster::CellA | Cluster::CellB)
@@ -123,6 +146,10 @@ mod tests {
         assert_eq!(EDGE_1.location(), None);
         let prefixes: std::collections::BTreeSet<_> = Cluster::ALL.iter().map(|c| c.etcd_prefix()).collect();
         assert_eq!(prefixes.len(), Cluster::ALL.len());
+        let ranges: std::collections::BTreeSet<_> = Cluster::ALL.iter().map(|c| c.service_cidr()).collect();
+        assert_eq!(ranges.len(), Cluster::ALL.len());
+        assert_eq!(CELL_B.service_cidr(), "198.19.2.0/24");
+        assert_eq!(CELL_B.kubernetes_service_ip().to_string(), "198.19.2.1");
     }
 
     #[test]

@@ -41,8 +41,11 @@ use crate::command::{self, combined_output, describe};
 use crate::crds;
 use crate::daemon::{Daemon, Probe};
 use crate::error::{Error, Result, io_context};
+use crate::hostnet;
+use crate::images::Images;
 use crate::karmada::MemberStatus;
 use crate::kubeconfig;
+use crate::node::{self, NodeComponent};
 use crate::paths;
 use crate::pki::{Pki, Tokens};
 use crate::ports::Ports;
@@ -72,10 +75,15 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How many log lines an error about a component quotes.
 const LOG_TAIL_LINES: usize = 40;
 /// Executable names of every process the harness starts, for the leftover sweep.
-const EXECUTABLES: [&str; 8] = [
+const EXECUTABLES: [&str; 12] = [
     "etcd",
     "kube-apiserver",
     "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "containerd",
+    // A shim's command line names its containerd's socket, inside the state directory.
+    "containerd-shim-runc-v2",
     "karmada-aggregated-apiserver",
     "karmada-webhook",
     "karmada-controller-manager",
@@ -97,7 +105,7 @@ pub struct Environment {
     pub(crate) binaries: Binaries,
     pub(crate) admin_token: String,
     http: reqwest::Client,
-    state: tokio::sync::Mutex<State>,
+    pub(crate) state: tokio::sync::Mutex<State>,
     reused: bool,
 }
 
@@ -136,16 +144,33 @@ pub struct ComponentStatus {
 pub struct Status {
     /// The state directory.
     pub dir: PathBuf,
-    /// etcd, the apiservers, kube-controller-manager and the Karmada components.
+    /// etcd, the apiservers, kube-controller-manager, the Karmada components and each cell's
+    /// containerd, kube-controller-manager, kube-scheduler and kubelet.
     pub components: Vec<ComponentStatus>,
     /// The Karmada member `Cluster`s as the hub reports them.
     pub members: Vec<MemberStatus>,
+    /// Each cell's Node.
+    pub nodes: Vec<NodeStatus>,
+}
+
+/// A cell's Node as its apiserver reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeStatus {
+    /// The cell.
+    pub cell: Cluster,
+    /// The Node's name.
+    pub name: String,
+    /// `Ok(())` when the Node's Ready condition is True, otherwise what it says.
+    pub ready: std::result::Result<(), String>,
 }
 
 impl Status {
-    /// Whether every component runs and answers its probe and every member is Ready.
+    /// Whether every component runs and answers its probe, every member is Ready and every
+    /// cell's Node is Ready.
     pub fn healthy(&self) -> bool {
-        self.processes_healthy() && self.members.iter().all(|member| member.ready.is_ok())
+        self.processes_healthy()
+            && self.members.iter().all(|member| member.ready.is_ok())
+            && self.nodes.iter().all(|node| node.ready.is_ok())
     }
 
     /// Whether every component runs and answers its probe (members not considered).
@@ -182,6 +207,10 @@ impl Environment {
             tracing::info!(dir = %dir.display(), "environment already up; reusing it");
             env.install_crds_if_changed().await?;
             env.ensure_lease_namespace().await?;
+            let images = Images::ensure().await?;
+            for cell in Cluster::CELLS {
+                env.import_images(cell, &images).await?;
+            }
             return Ok(env);
         }
         match Environment::start_fresh(&dir).await {
@@ -493,14 +522,46 @@ impl Environment {
                     .collect()
             }
         };
-        let (etcd, apiservers, daemons, members) = futures::join!(etcd, apiservers, daemons, members);
+        let node_components = join_all(Cluster::CELLS.into_iter().flat_map(|cell| {
+            let recorded = state.nodes.get(&cell).cloned().unwrap_or_default();
+            NodeComponent::ALL.into_iter().map(move |component| {
+                let process = recorded.get(&component).cloned();
+                async move {
+                    let (url, probe) = self.node_component_probe(cell, component);
+                    let mut status = self
+                        .component_status(
+                            format!("{} {cell}", component.name()),
+                            Some(cell),
+                            process.as_ref(),
+                            url,
+                            probe,
+                        )
+                        .await;
+                    if component == NodeComponent::Containerd && status.running {
+                        status.ready = self.containerd_answers(cell).await;
+                    }
+                    status
+                }
+            })
+        }));
+        let nodes = join_all(Cluster::CELLS.into_iter().map(|cell| async move {
+            NodeStatus {
+                cell,
+                name: self.node(cell).node_name().to_owned(),
+                ready: self.node_ready(cell).await,
+            }
+        }));
+        let (etcd, apiservers, daemons, members, node_components, nodes) =
+            futures::join!(etcd, apiservers, daemons, members, node_components, nodes);
         let mut components = vec![etcd];
         components.extend(apiservers);
         components.extend(daemons);
+        components.extend(node_components);
         Status {
             dir: self.dir.clone(),
             components,
             members,
+            nodes,
         }
     }
 
@@ -591,22 +652,32 @@ impl Environment {
         }
         wipe_except_lock(dir)?;
         tracing::info!(dir = %dir.display(), "starting a fresh environment");
+        let host = hostnet::primary_address().await?;
+        tracing::info!(%host, "the host's primary address: pods and kubelets dial the apiservers here (a pod cannot reach loopback)");
         let pki = Pki::new(dir.join("pki"));
-        let tokens = pki.create().await?;
-        let state = State::new(ports, binaries, tokens.admin.clone());
+        let tokens = pki.create(host).await?;
+        let mut state = State::new(ports, binaries, tokens.admin.clone());
+        state.host_address = Some(host);
+        state.ip_forward_before = Some(hostnet::ip_forward()?);
         state.save(dir)?;
         let env = Environment::from_state(dir, state, false).await?;
         env.write_kubeconfigs(&tokens).await?;
-        env.start_etcd().await?;
-        try_join_all(
-            Cluster::ALL
-                .into_iter()
-                .map(|cluster| env.start_apiserver_process(cluster)),
-        )
-        .await?;
-        env.install_crds().await?;
-        env.ensure_lease_namespace().await?;
-        env.start_karmada().await?;
+        let control_plane = async {
+            env.start_etcd().await?;
+            try_join_all(
+                Cluster::ALL
+                    .into_iter()
+                    .map(|cluster| env.start_apiserver_process(cluster)),
+            )
+            .await?;
+            env.install_crds().await?;
+            env.ensure_lease_namespace().await
+        };
+        // The image build (a release build of the product when it changed) runs beside the
+        // control plane's start.
+        let (images, ()) = futures::try_join!(Images::ensure(), control_plane)?;
+        let nodes = try_join_all(Cluster::CELLS.into_iter().map(|cell| env.start_node(cell, &images)));
+        futures::try_join!(env.start_karmada(), nodes)?;
         {
             let mut state = env.state.lock().await;
             state.karmada_ready = true;
@@ -641,6 +712,16 @@ impl Environment {
             &tokens.controller_manager,
         );
         write_private(&kubeconfig::controller_manager_path(&self.dir), &text)?;
+        for cell in Cluster::CELLS {
+            let text = kubeconfig::render(
+                cell,
+                &self.server_url(cell),
+                &ca,
+                "controller-manager",
+                &tokens.controller_manager,
+            );
+            write_private(&kubeconfig::cell_controller_manager_path(&self.dir, cell), &text)?;
+        }
         let text = kubeconfig::render(
             Cluster::Hub,
             &self.server_url(Cluster::Hub),
@@ -689,7 +770,9 @@ impl Environment {
             flag("--etcd-servers", format!("http://127.0.0.1:{}", self.ports.etcd_client)),
             flag("--etcd-prefix", cluster.etcd_prefix()),
             flag("--secure-port", self.ports.apiserver(cluster).to_string()),
-            flag("--bind-address", "127.0.0.1"),
+            // Every address: the cells' pods reach their own apiserver (through the DNAT rule)
+            // and the hub at the host's primary address, never at loopback.
+            flag("--bind-address", "0.0.0.0"),
             flag("--advertise-address", "127.0.0.1"),
             flag("--endpoint-reconciler-type", "none"),
             flag("--cert-dir", self.pki.dir().join(cluster.name())),
@@ -699,14 +782,30 @@ impl Environment {
             flag("--service-account-issuer", "https://kubernetes.default.svc"),
             flag("--service-account-key-file", self.pki.service_account_public_key()),
             flag("--service-account-signing-key-file", self.pki.service_account_key()),
-            flag("--service-cluster-ip-range", "10.96.0.0/16"),
-            flag("--authorization-mode", "RBAC"),
+            flag("--service-cluster-ip-range", cluster.service_cidr()),
             flag("--token-auth-file", self.pki.tokens_file()),
-            flag("--disable-admission-plugins", "ServiceAccount"),
             // Without it, open watches (kube-controller-manager's, the replicator's) hold a
             // SIGTERMed apiserver up to its 60s request timeout; with it, they end at once.
             flag("--shutdown-watch-termination-grace-period", "5s"),
         ];
+        if cluster.is_cell() {
+            // A real one-node cluster: the kubelet authenticates as system:node:<cell> (Node
+            // authorizer), pods get service-account tokens (ServiceAccount admission), and the
+            // apiserver reaches the kubelet for logs and exec with a system:masters certificate.
+            let kubelet_client = self.pki.kubelet_client_cert();
+            args.extend([
+                flag("--authorization-mode", "Node,RBAC"),
+                flag("--kubelet-client-certificate", &kubelet_client.cert),
+                flag("--kubelet-client-key", &kubelet_client.key),
+                flag("--kubelet-preferred-address-types", "InternalIP"),
+            ]);
+        } else {
+            // No pods run here: no ServiceAccount admission (nothing makes `default` accounts).
+            args.extend([
+                flag("--authorization-mode", "RBAC"),
+                flag("--disable-admission-plugins", "ServiceAccount"),
+            ]);
+        }
         if cluster == Cluster::Hub {
             // The hub is the Karmada apiserver: it proxies cluster.karmada.io to the aggregated
             // apiserver, authenticating with the front-proxy client certificate and passing the
@@ -830,7 +929,7 @@ impl Environment {
 
     /// GETs `url`; `Ok` on 200 (or on any answer for [`Probe::AnyAnswer`]), otherwise a
     /// description of the answer or the failure.
-    async fn probe(&self, url: &str, probe: Probe) -> std::result::Result<(), String> {
+    pub(crate) async fn probe(&self, url: &str, probe: Probe) -> std::result::Result<(), String> {
         let mut request = self.http.get(url);
         if probe == Probe::Ok200WithToken {
             request = request.bearer_auth(&self.admin_token);
@@ -901,6 +1000,23 @@ pub fn kubeconfig_path(dir: &Path, cluster: Cluster) -> PathBuf {
 /// leftovers, removes the state file.
 async fn stop_all(dir: &Path, state: Option<&State>) -> Result<()> {
     let mut stopped = Vec::new();
+    if let Some(state) = state.filter(|state| !state.nodes.is_empty()) {
+        // Pods first, while the apiservers and kubelets run: no controller recreates them, and
+        // each kubelet tears its sandboxes down (network namespaces, veths) the normal way.
+        for (cell, components) in &state.nodes {
+            for component in [NodeComponent::KubeControllerManager, NodeComponent::KubeScheduler] {
+                if let Some(process) = components.get(&component) {
+                    process
+                        .terminate(&format!("{} {cell}", component.name()), DAEMON_STOP_GRACE)
+                        .await?;
+                }
+            }
+        }
+        match Environment::from_state(dir, state.clone(), true).await {
+            Ok(env) => env.drain_nodes().await,
+            Err(error) => tracing::warn!(%error, "cannot reach the cells to delete their pods; killing them instead"),
+        }
+    }
     if let Some(state) = state {
         let processes = state.processes();
         let group_of = |name: &str| {
@@ -931,6 +1047,7 @@ async fn stop_all(dir: &Path, state: Option<&State>) -> Result<()> {
     }
     stopped.extend(leftovers);
     process::wait_reaped(&stopped, REAP_DEADLINE).await;
+    node::clean_host(dir, state.and_then(|state| state.ip_forward_before.as_deref())).await?;
     State::remove(dir)
 }
 

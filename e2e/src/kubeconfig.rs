@@ -54,6 +54,48 @@ pub(crate) fn render(cluster: Cluster, server: &str, ca_pem: &[u8], user: &str, 
     )
 }
 
+/// Renders a kubeconfig authenticated by a client certificate (files named by path, as a
+/// kubelet's `--kubeconfig` does), with the CA embedded.
+pub(crate) fn render_with_certificate(
+    cluster: Cluster,
+    server: &str,
+    ca_pem: &[u8],
+    user: &str,
+    cert: &Path,
+    key: &Path,
+) -> String {
+    let name = cluster.name();
+    let ca = STANDARD.encode(ca_pem);
+    format!(
+        "apiVersion: v1\n\
+         kind: Config\n\
+         clusters:\n\
+         - name: {name}\n\
+         \x20 cluster:\n\
+         \x20   server: {server}\n\
+         \x20   certificate-authority-data: {ca}\n\
+         users:\n\
+         - name: {name}-{user}\n\
+         \x20 user:\n\
+         \x20   client-certificate: {}\n\
+         \x20   client-key: {}\n\
+         contexts:\n\
+         - name: {name}\n\
+         \x20 context:\n\
+         \x20   cluster: {name}\n\
+         \x20   user: {name}-{user}\n\
+         current-context: {name}\n",
+        cert.display(),
+        key.display()
+    )
+}
+
+/// The kubeconfig a cell's kube-controller-manager and kube-scheduler use (the
+/// controller-manager token; the controllers act through their own service accounts).
+pub(crate) fn cell_controller_manager_path(state_dir: &Path, cluster: Cluster) -> PathBuf {
+    dir(state_dir).join(format!("{}-controller-manager.kubeconfig", cluster.name()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

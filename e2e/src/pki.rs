@@ -22,6 +22,8 @@ const KARMADA_WEBHOOK_CERT: &str = "karmada-webhook";
 const FRONT_PROXY_CA: &str = "front-proxy-ca";
 /// File name stem and common name of the hub's aggregation client certificate.
 pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
+/// File name stem of the apiservers' client certificate towards kubelets.
+const KUBELET_CLIENT_CERT: &str = "apiserver-kubelet-client";
 /// RSA key size for every key the harness makes.
 const RSA_BITS: &str = "2048";
 /// Validity of every certificate, in days.
@@ -122,14 +124,36 @@ impl Pki {
 
     /// Creates the CA, the apiserver serving certificate, the service-account key pair and a
     /// `tokens.csv` with fresh random tokens, overwriting whatever is there.
-    pub async fn create(&self) -> Result<Tokens> {
+    ///
+    /// The apiservers' certificate names loopback, `host` (the address pods and kubelets dial:
+    /// see [`crate::hostnet`]) and every cluster's `kubernetes` Service IP and DNS names, so that
+    /// in-cluster clients in the cells verify it.
+    pub async fn create(&self, host: Ipv4Addr) -> Result<Tokens> {
         tokio::fs::create_dir_all(&self.dir)
             .await
             .map_err(io_context(format!("creating {}", self.dir.display())))?;
         self.create_ca(&self.ca_pair(), "replicator-e2e-ca").await?;
         let loopback = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
-        self.issue_serving_cert(APISERVER_CERT, &["localhost"], &loopback)
-            .await?;
+        let mut apiserver_ips = vec![IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(host)];
+        apiserver_ips.extend(crate::cluster::Cluster::ALL.map(|cluster| IpAddr::V4(cluster.kubernetes_service_ip())));
+        self.issue_serving_cert(
+            APISERVER_CERT,
+            &[
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ],
+            &apiserver_ips,
+        )
+        .await?;
+        self.issue_client_cert(
+            KUBELET_CLIENT_CERT,
+            "replicator-e2e-apiserver-kubelet-client",
+            "system:masters",
+        )
+        .await?;
         self.issue_serving_cert(KARMADA_WEBHOOK_CERT, &["localhost"], &loopback)
             .await?;
         let front_proxy_ca = self.pair(FRONT_PROXY_CA);
@@ -178,16 +202,54 @@ impl Pki {
         self.issue_cert(&self.ca_pair(), name, &extensions).await
     }
 
+    /// Signs a client certificate with the CA: `<name>.crt` / `<name>.key`, subject
+    /// `CN=<common_name>, O=<organization>` (Kubernetes reads them as user and group), extended key
+    /// usage clientAuth. A kubelet's is `CN=system:node:<node>, O=system:nodes`.
+    pub async fn issue_client_cert(&self, name: &str, common_name: &str, organization: &str) -> Result<CertPair> {
+        check_token(
+            common_name.trim_start_matches("system:").replace(':', "-").as_str(),
+            "common name",
+        )?;
+        check_token(organization.replace(':', "-").as_str(), "organization")?;
+        self.issue_cert_with_subject(
+            &self.ca_pair(),
+            name,
+            &format!("CN = {common_name}\nO = {organization}"),
+            "extendedKeyUsage = clientAuth\n",
+        )
+        .await
+    }
+
+    /// The client certificate (`O=system:masters`) the apiservers present to kubelets for logs,
+    /// exec and port-forward (`--kubelet-client-certificate`).
+    pub fn kubelet_client_cert(&self) -> CertPair {
+        self.pair(KUBELET_CLIENT_CERT)
+    }
+
     /// Signs `<name>.crt` / `<name>.key` (common name `name`) with the CA `ca`; `extensions` ends
     /// the `[v3_cert]` section (extended key usages, subject alternative names).
     async fn issue_cert(&self, ca: &CertPair, name: &str, extensions: &str) -> Result<CertPair> {
+        check_token(name, "certificate name")?;
+        self.issue_cert_with_subject(ca, name, &format!("CN = {name}"), extensions)
+            .await
+    }
+
+    /// Signs `<name>.crt` / `<name>.key` with the CA `ca`; `subject` is the `[dn]` section's
+    /// lines, `extensions` ends the `[v3_cert]` section.
+    async fn issue_cert_with_subject(
+        &self,
+        ca: &CertPair,
+        name: &str,
+        subject: &str,
+        extensions: &str,
+    ) -> Result<CertPair> {
         check_token(name, "certificate name")?;
         let config = self.dir.join(format!("{name}.cnf"));
         write_file(
             &config,
             format!(
                 "[req]\nprompt = no\ndistinguished_name = dn\n\
-                 [dn]\nCN = {name}\n\
+                 [dn]\n{subject}\n\
                  [v3_cert]\n\
                  basicConstraints = critical, CA:FALSE\n\
                  keyUsage = critical, digitalSignature, keyEncipherment\n\

@@ -41,6 +41,35 @@ pub const KARMADA_SCHEDULER_METRICS_PORT: u16 = 16466;
 /// karmada-scheduler's health port (`REPLICATOR_KARMADA_SCHEDULER_HEALTH_PORT`).
 pub const KARMADA_SCHEDULER_HEALTH_PORT: u16 = 16467;
 
+/// First of the cells' node ports: kubelet, kubelet healthz, kube-controller-manager and
+/// kube-scheduler of cell-a, then the same four of cell-b (`REPLICATOR_NODE_PORT_BASE`).
+pub const NODE_PORT_BASE: u16 = 16470;
+
+/// The ports of one cell's node components.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodePorts {
+    /// The kubelet's API (`port`): logs, exec, its metrics.
+    pub kubelet: u16,
+    /// The kubelet's `healthzPort` (on loopback).
+    pub kubelet_healthz: u16,
+    /// The cell's kube-controller-manager secure (health) port.
+    pub controller_manager: u16,
+    /// The cell's kube-scheduler secure (health) port.
+    pub scheduler: u16,
+}
+
+impl NodePorts {
+    /// The four ports starting at `base`.
+    fn from_base(base: u16) -> NodePorts {
+        NodePorts {
+            kubelet: base,
+            kubelet_healthz: base + 1,
+            controller_manager: base + 2,
+            scheduler: base + 3,
+        }
+    }
+}
+
 /// The set of ports one environment uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ports {
@@ -74,6 +103,10 @@ pub struct Ports {
     pub karmada_scheduler_metrics: u16,
     /// karmada-scheduler's health port.
     pub karmada_scheduler_health: u16,
+    /// cell-a's node components.
+    pub cell_a_node: NodePorts,
+    /// cell-b's node components.
+    pub cell_b_node: NodePorts,
 }
 
 impl Default for Ports {
@@ -94,6 +127,8 @@ impl Default for Ports {
             karmada_controller_manager_health: KARMADA_CONTROLLER_MANAGER_HEALTH_PORT,
             karmada_scheduler_metrics: KARMADA_SCHEDULER_METRICS_PORT,
             karmada_scheduler_health: KARMADA_SCHEDULER_HEALTH_PORT,
+            cell_a_node: NodePorts::from_base(NODE_PORT_BASE),
+            cell_b_node: NodePorts::from_base(NODE_PORT_BASE + 4),
         }
     }
 }
@@ -131,6 +166,22 @@ impl Ports {
                 d.karmada_scheduler_metrics,
             )?,
             karmada_scheduler_health: port_var("REPLICATOR_KARMADA_SCHEDULER_HEALTH_PORT", d.karmada_scheduler_health)?,
+            cell_a_node: d.cell_a_node,
+            cell_b_node: d.cell_b_node,
+        };
+        let ports = match non_empty_var("REPLICATOR_NODE_PORT_BASE") {
+            None => ports,
+            Some(_) => {
+                let base = port_var("REPLICATOR_NODE_PORT_BASE", NODE_PORT_BASE)?;
+                let last = base.checked_add(7).ok_or_else(|| {
+                    Error::Config(format!("REPLICATOR_NODE_PORT_BASE={base} leaves no room for 8 ports"))
+                })?;
+                Ports {
+                    cell_a_node: NodePorts::from_base(base),
+                    cell_b_node: NodePorts::from_base(last - 3),
+                    ..ports
+                }
+            }
         };
         ports.check_distinct()?;
         Ok(ports)
@@ -161,6 +212,18 @@ impl Ports {
             karmada_controller_manager_health: add(self.karmada_controller_manager_health)?,
             karmada_scheduler_metrics: add(self.karmada_scheduler_metrics)?,
             karmada_scheduler_health: add(self.karmada_scheduler_health)?,
+            cell_a_node: NodePorts {
+                kubelet: add(self.cell_a_node.kubelet)?,
+                kubelet_healthz: add(self.cell_a_node.kubelet_healthz)?,
+                controller_manager: add(self.cell_a_node.controller_manager)?,
+                scheduler: add(self.cell_a_node.scheduler)?,
+            },
+            cell_b_node: NodePorts {
+                kubelet: add(self.cell_b_node.kubelet)?,
+                kubelet_healthz: add(self.cell_b_node.kubelet_healthz)?,
+                controller_manager: add(self.cell_b_node.controller_manager)?,
+                scheduler: add(self.cell_b_node.scheduler)?,
+            },
         })
     }
 
@@ -187,8 +250,17 @@ impl Ports {
         }
     }
 
+    /// The node ports of a cell; `None` for the hub and edge-1 (they run no kubelet).
+    pub fn node(&self, cluster: Cluster) -> Option<NodePorts> {
+        match cluster {
+            Cluster::CellA => Some(self.cell_a_node),
+            Cluster::CellB => Some(self.cell_b_node),
+            Cluster::Hub | Cluster::Edge1 => None,
+        }
+    }
+
     /// Every port with the name of the component using it.
-    pub fn all(&self) -> [(&'static str, u16); 15] {
+    pub fn all(&self) -> [(&'static str, u16); 23] {
         [
             ("etcd (client)", self.etcd_client),
             ("etcd (peer)", self.etcd_peer),
@@ -211,6 +283,14 @@ impl Ports {
             ),
             ("karmada-scheduler (metrics)", self.karmada_scheduler_metrics),
             ("karmada-scheduler (health)", self.karmada_scheduler_health),
+            ("kubelet cell-a", self.cell_a_node.kubelet),
+            ("kubelet cell-a (healthz)", self.cell_a_node.kubelet_healthz),
+            ("kube-controller-manager cell-a", self.cell_a_node.controller_manager),
+            ("kube-scheduler cell-a", self.cell_a_node.scheduler),
+            ("kubelet cell-b", self.cell_b_node.kubelet),
+            ("kubelet cell-b (healthz)", self.cell_b_node.kubelet_healthz),
+            ("kube-controller-manager cell-b", self.cell_b_node.controller_manager),
+            ("kube-scheduler cell-b", self.cell_b_node.scheduler),
         ]
     }
 }
@@ -253,6 +333,7 @@ mod tests {
         assert_eq!(moved.hub, HUB_PORT + 100);
         assert_eq!(moved.etcd_client, ETCD_CLIENT_PORT + 100);
         assert_eq!(moved.karmada_scheduler_health, KARMADA_SCHEDULER_HEALTH_PORT + 100);
+        assert_eq!(moved.cell_b_node.scheduler, NODE_PORT_BASE + 7 + 100);
         moved.check_distinct()?;
         assert!(Ports::default().shifted(60000).is_err());
         Ok(())

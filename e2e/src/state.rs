@@ -9,11 +9,12 @@ use crate::binaries::Binaries;
 use crate::cluster::Cluster;
 use crate::daemon::Daemon;
 use crate::error::{Error, Result, io_context};
+use crate::node::{NodeComponent, NodeProcesses};
 use crate::ports::Ports;
 use crate::process::ProcessRecord;
 
 /// Bumped whenever the layout changes; a state file of another format is treated as stale.
-const FORMAT: u32 = 2;
+const FORMAT: u32 = 3;
 
 /// The contents of `state.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,6 +39,19 @@ pub(crate) struct State {
     pub karmada_ready: bool,
     /// SHA-256 of the CRD files last installed, to reinstall them only when they change.
     pub crds_digest: Option<String>,
+    /// The host's primary address: what pods and kubelets dial (see [`crate::hostnet`]).
+    #[serde(default)]
+    pub host_address: Option<std::net::Ipv4Addr>,
+    /// `net.ipv4.ip_forward` before the first node started, restored by teardown.
+    #[serde(default)]
+    pub ip_forward_before: Option<String>,
+    /// The processes of each cell's node (containerd, kube-controller-manager, kube-scheduler,
+    /// kubelet).
+    #[serde(default)]
+    pub nodes: NodeProcesses,
+    /// The images imported into each cell's containerd.
+    #[serde(default)]
+    pub imported_images: BTreeMap<Cluster, Vec<String>>,
 }
 
 /// One apiserver's entry in the state file.
@@ -74,6 +88,10 @@ impl State {
             daemons: BTreeMap::new(),
             karmada_ready: false,
             crds_digest: None,
+            host_address: None,
+            ip_forward_before: None,
+            nodes: BTreeMap::new(),
+            imported_images: BTreeMap::new(),
         }
     }
 
@@ -143,10 +161,18 @@ impl State {
         }
     }
 
-    /// Every recorded process with a human-readable name, in shutdown order (the daemons in
-    /// reverse start order, apiservers, etcd).
+    /// Every recorded process with a human-readable name, in shutdown order (the cells' nodes,
+    /// kubelet first and containerd last; the daemons in reverse start order; apiservers;
+    /// etcd).
     pub fn processes(&self) -> Vec<(String, ProcessRecord)> {
         let mut all = Vec::new();
+        for (cell, components) in &self.nodes {
+            for component in NodeComponent::ALL.into_iter().rev() {
+                if let Some(process) = components.get(&component) {
+                    all.push((format!("{} {cell}", component.name()), process.clone()));
+                }
+            }
+        }
         for daemon in Daemon::ALL.into_iter().rev() {
             if let Some(process) = self.daemons.get(&daemon) {
                 all.push((daemon.name().to_owned(), process.clone()));

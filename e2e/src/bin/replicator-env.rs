@@ -2,7 +2,9 @@
 //!
 //! ```text
 //! replicator-env up                  start (or reuse) etcd, the hub/cell-a/cell-b/edge-1 apiservers,
-//!                                    Karmada on the hub, members registered
+//!                                    Karmada on the hub, members registered, and each cell as a
+//!                                    one-node cluster (containerd, kubelet, scheduler,
+//!                                    controller-manager) with the product image imported
 //! replicator-env status              per component: url, health, pid; per Karmada member: Ready
 //! replicator-env kubeconfig cell-a   print the path of a cluster's kubeconfig
 //! replicator-env down                stop everything started from the state directory
@@ -103,6 +105,16 @@ async fn up(dir: &Path) -> anyhow::Result<ExitCode> {
         );
     }
     println!("  {:<7} {}", "etcd", env.etcd_url());
+    for cell in Cluster::CELLS {
+        let node = env.node(cell);
+        println!(
+            "  node {} (cell {cell}): Ready; pods {} on bridge {}, containerd {}",
+            node.node_name(),
+            node.pod_cidr(),
+            node.bridge(),
+            node.containerd_socket().display()
+        );
+    }
     for member in Cluster::MEMBERS {
         let location = member
             .location()
@@ -161,6 +173,13 @@ async fn status(dir: &Path) -> anyhow::Result<ExitCode> {
             Err(problem) => format!("failed: {problem}"),
         };
         println!("  {:<30} {ready}", format!("Karmada Cluster {}", member.cluster));
+    }
+    for node in &status.nodes {
+        let ready = match &node.ready {
+            Ok(()) => "Ready".to_owned(),
+            Err(problem) => format!("not Ready: {problem}"),
+        };
+        println!("  {:<30} {ready}", format!("Node {} ({})", node.name, node.cell));
     }
     Ok(if status.healthy() {
         ExitCode::SUCCESS
