@@ -207,9 +207,11 @@ impl Environment {
             tracing::info!(dir = %dir.display(), "environment already up; reusing it");
             env.install_crds_if_changed().await?;
             env.ensure_lease_namespace().await?;
-            let images = Images::ensure().await?;
-            for cell in Cluster::CELLS {
-                env.import_images(cell, &images).await?;
+            if env.has_nodes().await {
+                let images = Images::ensure().await?;
+                for cell in Cluster::CELLS {
+                    env.import_images(cell, &images).await?;
+                }
             }
             return Ok(env);
         }
@@ -459,33 +461,15 @@ impl Environment {
         state.save(&self.dir)
     }
 
-    /// Creates the hub namespace of the replicator's Leases ([`LEASE_NAMESPACE`], as
-    /// `config/rbac/hub` does in production) unless it exists. It carries Karmada's
-    /// skip-propagation label: Karmada would otherwise copy it to every member, where (no
-    /// namespace controller runs there) a test removing the cells' `replicator-system` could not.
+    /// Applies `config/rbac/hub` to the hub, as the README's deploy steps do: namespace
+    /// [`LEASE_NAMESPACE`] (with the label that keeps Karmada from propagating it), the hub
+    /// service accounts, their ClusterRoles and the Lease Role. Idempotent (server-side apply).
     pub async fn ensure_lease_namespace(&self) -> Result<()> {
-        use k8s_openapi::api::core::v1::Namespace;
-        let api = kube::Api::<Namespace>::all(self.client(Cluster::Hub).await?);
-        let namespace = Namespace {
-            metadata: kube::api::ObjectMeta {
-                name: Some(LEASE_NAMESPACE.to_owned()),
-                labels: Some(
-                    [(
-                        crate::rbac::KARMADA_SKIP_PROPAGATION_LABEL.to_owned(),
-                        "true".to_owned(),
-                    )]
-                    .into_iter()
-                    .collect(),
-                ),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        match api.create(&kube::api::PostParams::default(), &namespace).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-            Err(err) => Err(err.into()),
-        }
+        let dir = paths::workspace_root().join("config").join("rbac").join("hub");
+        let mut args: Vec<OsString> = vec!["apply".into(), "--server-side".into(), "--force-conflicts".into(), "-k".into()];
+        args.push(dir.into_os_string());
+        self.kubectl_ok(Cluster::Hub, args).await?;
+        Ok(())
     }
 
     /// Probes every component.
@@ -675,8 +659,24 @@ impl Environment {
         };
         // The image build (a release build of the product when it changed) runs beside the
         // control plane's start.
-        let (images, ()) = futures::try_join!(Images::ensure(), control_plane)?;
-        let nodes = try_join_all(Cluster::CELLS.into_iter().map(|cell| env.start_node(cell, &images)));
+        let kubelets = node::kubelets_possible();
+        let images = async {
+            if let Err(why) = &kubelets {
+                tracing::warn!(why, "the cells run without kubelets (bare apiservers): no pods, the product runs as processes");
+                return Ok(None);
+            }
+            node::ensure_host_packages().await?;
+            Images::ensure().await.map(Some)
+        };
+        let (images, ()) = futures::try_join!(images, control_plane)?;
+        let nodes = async {
+            match &images {
+                Some(images) => try_join_all(Cluster::CELLS.into_iter().map(|cell| env.start_node(cell, images)))
+                    .await
+                    .map(drop),
+                None => Ok(()),
+            }
+        };
         futures::try_join!(env.start_karmada(), nodes)?;
         {
             let mut state = env.state.lock().await;
@@ -989,6 +989,39 @@ pub async fn teardown(dir: &Path) -> Result<()> {
     let _lock = lock_dir(&dir).await?;
     let state = State::load(&dir).ok().flatten();
     stop_all(&dir, state.as_ref()).await
+}
+
+/// What an environment at `dir` left on the host after `down`, one line each: processes started
+/// from it (and processes still in the cells' cgroups), mounts under it, the cells' cgroups,
+/// bridges, the harness's iptables rules and the kubelets' chains. Empty when clean.
+pub async fn leftovers(dir: &Path) -> Result<Vec<String>> {
+    let dir = paths::absolute(dir.to_path_buf());
+    let mut found: Vec<String> = process::find(&dir, &EXECUTABLES)?
+        .into_iter()
+        .map(|(record, exe)| format!("process {} ({exe})", record.pid))
+        .collect();
+    found.extend(
+        hostnet::mounts_under(&dir)?
+            .into_iter()
+            .map(|point| format!("mount {}", point.display())),
+    );
+    for cell in Cluster::CELLS {
+        let layout = node::NodeLayout::new(&dir, cell);
+        for pid in hostnet::cgroup_processes(&layout.cgroup_root())? {
+            found.push(format!("process {pid} in cgroup {}", layout.cgroup_root()));
+        }
+        for hierarchy in hostnet::cgroup_hierarchies()? {
+            let cgroup = hierarchy.join(layout.cgroup_root());
+            if cgroup.exists() {
+                found.push(format!("cgroup {}", cgroup.display()));
+            }
+        }
+        if Path::new("/sys/class/net").join(layout.bridge()).exists() {
+            found.push(format!("network interface {}", layout.bridge()));
+        }
+    }
+    found.extend(hostnet::rules_and_kubelet_chains().await?);
+    Ok(found)
 }
 
 /// The admin kubeconfig of `cluster` in the environment at `dir`.

@@ -143,6 +143,33 @@ pub async fn remove_rules_and_kubelet_chains() -> Result<Vec<String>> {
     Ok(removed)
 }
 
+/// The harness's NAT rules and the kubelets' chains present now, one line each (for the
+/// leftover check after teardown).
+pub async fn rules_and_kubelet_chains() -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    let listing = run(Command::new("iptables").args(["-w", "-t", "nat", "-S"])).await?;
+    found.extend(
+        String::from_utf8_lossy(&listing.stdout)
+            .lines()
+            .filter(|line| line.contains(RULE_COMMENT))
+            .map(|line| format!("iptables -t nat {line}")),
+    );
+    for tool in ["iptables", "ip6tables"] {
+        for table in ["filter", "nat", "mangle"] {
+            let listing = run(Command::new(tool).args(["-w", "-t", table, "-S"])).await?;
+            for chain in KUBELET_CHAINS {
+                if String::from_utf8_lossy(&listing.stdout)
+                    .lines()
+                    .any(|line| line == format!("-N {chain}"))
+                {
+                    found.push(format!("{tool} -t {table} chain {chain}"));
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
 /// The chains a kubelet creates on start (its iptables utility and canary chains).
 const KUBELET_CHAINS: [&str; 2] = ["KUBE-FIREWALL", "KUBE-KUBELET-CANARY"];
 

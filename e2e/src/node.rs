@@ -296,6 +296,9 @@ evictionHard:
   nodefs.inodesFree: 1%
 resolvConf: ""
 shutdownGracePeriod: 0s
+# A changed Secret reaches a pod's volume on the pod's next sync: 10 s instead of a minute, so
+# that the scenarios that fix a Secret wait less (the behaviour is the same).
+syncFrequency: 10s
 "#,
             cgroup_root = self.cgroup_root(),
             socket = self.containerd_socket().display(),
@@ -326,6 +329,12 @@ impl Environment {
             self.host_address().await?,
             self.ports.apiserver(cluster)
         ))
+    }
+
+    /// Whether the cells run as one-node clusters (kubelets could run when the environment
+    /// started; see [`kubelets_possible`]).
+    pub async fn has_nodes(&self) -> bool {
+        !self.state.lock().await.nodes.is_empty()
     }
 
     /// The layout of a cell's node.
@@ -713,6 +722,54 @@ impl Environment {
             })
             .await;
         }
+    }
+}
+
+/// Whether kubelets can run on this machine: `Err` says why not, in one line (not root; no
+/// writable cgroup hierarchy under `/sys/fs/cgroup`). Without them the cells are bare
+/// apiservers, as before, and the product runs as processes.
+pub fn kubelets_possible() -> std::result::Result<(), String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err("kubelets need root (containerd, cgroups, network namespaces); this process is not root".to_owned());
+    }
+    let hierarchies = hostnet::cgroup_hierarchies().map_err(|error| error.to_string())?;
+    if hierarchies.is_empty() {
+        return Err("no cgroup hierarchy is mounted under /sys/fs/cgroup".to_owned());
+    }
+    if let Some(read_only) = hierarchies
+        .iter()
+        .find(|dir| nix::unistd::access(dir.as_path(), nix::unistd::AccessFlags::W_OK).is_err())
+    {
+        return Err(format!("cgroup hierarchy {} is not writable", read_only.display()));
+    }
+    Ok(())
+}
+
+/// Runs `e2e/scripts/install-host-packages.sh`: containerd, runc, the CNI plugins, iptables,
+/// iproute2 and buildah from Debian when one is missing (it says what it installs).
+pub async fn ensure_host_packages() -> Result<()> {
+    let script = crate::paths::workspace_root()
+        .join("e2e")
+        .join("scripts")
+        .join("install-host-packages.sh");
+    let mut command = Command::new("bash");
+    command
+        .arg(&script)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::inherit())
+        .stderr(std::process::Stdio::inherit());
+    let status = command
+        .status()
+        .await
+        .map_err(io_context(format!("running {}", script.display())))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(Error::CommandFailed {
+            command: crate::command::describe(&command),
+            status,
+            output: "(its output was streamed above)".to_owned(),
+        })
     }
 }
 

@@ -185,6 +185,17 @@ pub(crate) async fn wait_reaped(records: &[ProcessRecord], deadline: Duration) {
 /// mentions a path inside `dir`: leftovers of earlier environments in the same state directory,
 /// whatever their state file says. Returns them.
 pub(crate) async fn sweep(dir: &Path, executables: &[&str]) -> Result<Vec<ProcessRecord>> {
+    let found = find(dir, executables)?;
+    for (record, _) in &found {
+        tracing::info!(pid = record.pid, "killing a leftover process of this environment");
+        record.kill_and_wait("leftover process").await?;
+    }
+    Ok(found.into_iter().map(|(record, _)| record).collect())
+}
+
+/// The running processes whose executable is named one of `executables` and whose command line
+/// mentions a path inside `dir`, with their executable's name.
+pub(crate) fn find(dir: &Path, executables: &[&str]) -> Result<Vec<(ProcessRecord, String)>> {
     let needle = format!("{}/", dir.display());
     let own = std::process::id();
     let entries = std::fs::read_dir("/proc").map_err(io_context("listing /proc to find leftovers"))?;
@@ -215,15 +226,14 @@ pub(crate) async fn sweep(dir: &Path, executables: &[&str]) -> Result<Vec<Proces
         let Some(stat) = proc_stat(pid).filter(|stat| stat.alive) else {
             continue;
         };
-        found.push(ProcessRecord {
-            pid,
-            start_time: stat.start_time,
-            log: PathBuf::new(),
-        });
-    }
-    for record in &found {
-        tracing::info!(pid = record.pid, "killing a leftover process of this environment");
-        record.kill_and_wait("leftover process").await?;
+        found.push((
+            ProcessRecord {
+                pid,
+                start_time: stat.start_time,
+                log: PathBuf::new(),
+            },
+            exe_name,
+        ));
     }
     Ok(found)
 }

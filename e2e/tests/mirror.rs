@@ -229,8 +229,16 @@ async fn galactic_slices_cross_verbatim_without_owner_references() -> TestResult
     ]);
     let sid = "fc00:0:1:e000::\t  odd spacing ✓";
     let mut source = fixtures::galactic_slice(&ns, "pod-a", endpoints.clone(), Some(sid));
-    source["metadata"]["ownerReferences"] =
-        json!([{"apiVersion": "v1", "kind": "Pod", "name": "pod-a", "uid": "6f1a7d3e-0000-4000-8000-000000000001"}]);
+    // The owner exists: the cell runs a real garbage collector, which deletes a dependent whose
+    // owner is gone (galactic's slices are owned by their pods; a ConfigMap stands in for one).
+    let owner = fixtures::apply(
+        &cell,
+        &kube::discovery::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+        &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "pod-a", "namespace": ns}}),
+    )
+    .await?;
+    source["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "pod-a",
+        "uid": owner.metadata.uid.clone().unwrap_or_default()}]);
     fixtures::apply(&cell, &es, &source).await?;
     let copy = copy_name(&ns, "pod-a", &loc);
     let c = fixtures::wait_for(&hub, &es, &ns, &copy, CONVERGE, "slice copy", |_| true).await?;

@@ -8,6 +8,7 @@
 //! replicator-env status              per component: url, health, pid; per Karmada member: Ready
 //! replicator-env kubeconfig cell-a   print the path of a cluster's kubeconfig
 //! replicator-env down                stop everything started from the state directory
+//! replicator-env leftovers           after down: list what is left on the host; exit 1 if any
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -41,6 +42,9 @@ enum Commands {
     /// Show each component's URL, readiness and pid, and each Karmada member's readiness; exits 1
     /// unless all are healthy.
     Status,
+    /// List what a stopped environment left on the host (processes, mounts, cgroups, network
+    /// interfaces, iptables rules and chains); exits 1 if anything is left.
+    Leftovers,
     /// Print the path of a cluster's admin kubeconfig (hub, cell-a, cell-b or edge-1).
     Kubeconfig {
         /// The cluster.
@@ -69,6 +73,20 @@ async fn main() -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Commands::Status => status(&dir).await,
+        Commands::Leftovers => {
+            let found = controlplane::leftovers(&dir)
+                .await
+                .with_context(|| format!("looking for leftovers of {}", dir.display()))?;
+            if found.is_empty() {
+                println!("nothing of the environment at {} is left on the host", dir.display());
+                return Ok(ExitCode::SUCCESS);
+            }
+            println!("left on the host by the environment at {}:", dir.display());
+            for line in &found {
+                println!("  {line}");
+            }
+            Ok(ExitCode::FAILURE)
+        }
         Commands::Kubeconfig { cluster } => {
             let path = controlplane::kubeconfig_path(&dir, cluster);
             anyhow::ensure!(
