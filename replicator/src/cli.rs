@@ -16,9 +16,19 @@ use crate::{
     sync::{CellSync, Settings},
 };
 
+/// What `replicator --version` prints after the name: the crate version and the git commit the
+/// binary was built from (`unknown` without git), e.g. `0.1.0 (commit 8700ddf1a2b3)`. Set by
+/// build.rs; `REPLICATOR_GIT_COMMIT` overrides the commit at build time.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("REPLICATOR_BUILD_COMMIT"),
+    ")"
+);
+
 /// Mirrors network objects from Kubernetes cells onto a Karmada hub.
 #[derive(Debug, Parser)]
-#[command(name = "replicator", version)]
+#[command(name = "replicator", version = VERSION)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -459,6 +469,25 @@ mod tests {
             Command::Run(args) => Ok(*args),
             _ => unreachable!("parsed run"),
         }
+    }
+
+    #[test]
+    fn version_names_the_crate_version_and_commit() {
+        let printed = match Cli::try_parse_from(["replicator", "--version"]) {
+            Err(err) if err.kind() == clap::error::ErrorKind::DisplayVersion => err.to_string(),
+            other => panic!("--version printed no version: {other:?}"),
+        };
+        assert_eq!(printed.trim_end(), format!("replicator {VERSION}"));
+        let commit = VERSION
+            .strip_prefix(concat!(env!("CARGO_PKG_VERSION"), " (commit "))
+            .and_then(|rest| rest.strip_suffix(')'))
+            .unwrap_or_else(|| panic!("{VERSION:?} is not `<version> (commit <commit>)`"));
+        let short_hex =
+            (7..=12).contains(&commit.len()) && commit.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        assert!(
+            short_hex || commit == "unknown",
+            "commit {commit:?}: 7 to 12 lowercase hex digits or unknown"
+        );
     }
 
     #[test]
