@@ -10,8 +10,8 @@ use crate::{
     cluster::{self, HubHealth},
     election,
     health::Health,
-    http,
-    metrics::{LocationLabels, Metrics},
+    http, kubeconfig_watch,
+    metrics::{ErrorLabels, LocationLabels, Metrics},
     outage, rules, sweep,
     sync::{CellSync, Settings},
 };
@@ -94,6 +94,14 @@ pub struct RunArgs {
     /// and reports not-ready.
     #[arg(long, env = "REPLICATOR_HUB_KUBECONFIG")]
     pub hub_kubeconfig: PathBuf,
+    /// Exit (status 0) once the content of --hub-kubeconfig differs from what the hub client was
+    /// built from (read every 5 s; a missing or empty file is not a change), after the usual
+    /// graceful shutdown (a leader releases its Lease, writes in flight finish): in a pod the
+    /// kubelet restarts the container with the updated Secret, so a fixed kubeconfig needs no
+    /// manual step. Set `false` under a supervisor that does not restart a process exiting 0:
+    /// the file is then read once, at start.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "REPLICATOR_EXIT_ON_KUBECONFIG_CHANGE")]
+    pub exit_on_kubeconfig_change: bool,
     /// Metrics and probe addresses.
     #[command(flatten)]
     pub serve: crate::http::ServeArgs,
@@ -279,10 +287,16 @@ pub fn parse_sweep_interval(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// Installs the tracing subscriber (`RUST_LOG` filters, default `info`).
+/// The log filter without `RUST_LOG`. kube's HTTP trace layer (`kube_client::client::builder`)
+/// logs an ERROR line for every request that gets no answer, one per retry of every watch:
+/// the replicator reports an unreachable hub or cell once per change instead
+/// (`HubHealth::monitor`, the cell probe of `outage`).
+pub const DEFAULT_LOG_FILTER: &str = "info,kube_runtime=warn,kube_client=warn,kube_client::client::builder=off";
+
+/// Installs the tracing subscriber (`RUST_LOG` filters, default [`DEFAULT_LOG_FILTER`]).
 pub fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_runtime=warn,kube_client=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -339,19 +353,34 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         clients.push((location, client, policy));
     }
     let hub = cluster::wait_for_hub_client(&args.hub_kubeconfig, Duration::from_secs(2), &cancel, &health).await;
-    let Some(hub) = hub else { return Ok(()) };
-    health.clear("hub");
+    let Some(cluster::Hub {
+        client: hub,
+        server,
+        kubeconfig,
+    }) = hub
+    else {
+        return Ok(());
+    };
+    health.set("hub", format!("connecting to {server}"));
     let identity = args.identity.clone().unwrap_or_else(election::default_identity);
     tracing::info!(
         locations = ?clients.iter().map(|(l, _, _)| l.as_str()).collect::<Vec<_>>(),
         rules = rules.len(),
         leader_elect = args.leader_elect,
         identity = %identity,
+        server = %server,
         "hub kubeconfig loaded; starting"
     );
 
     let hub_health = HubHealth::new();
     let mut tasks = tokio::task::JoinSet::new();
+    if args.exit_on_kubeconfig_change {
+        tasks.spawn(kubeconfig_watch::exit_on_change(
+            args.hub_kubeconfig.clone(),
+            kubeconfig,
+            cancel.clone(),
+        ));
+    }
     {
         let (hub_health, hub, cancel, health, metrics) = (
             hub_health.clone(),
@@ -361,15 +390,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             metrics.clone(),
         );
         tasks.spawn(async move {
+            let shown = server.clone();
             hub_health
-                .probe(hub, Duration::from_secs(1), cancel, move |up| {
+                .monitor(hub, &server, Duration::from_secs(1), cancel, move |state| {
                     for labels in &locations {
-                        metrics.hub_up.get_or_create(labels).set(i64::from(up));
+                        metrics.hub_up.get_or_create(labels).set(i64::from(state.is_up()));
                     }
-                    if up {
-                        health.clear("hub")
-                    } else {
-                        health.set("hub", "hub apiserver unreachable")
+                    match state.problem(&shown) {
+                        None => health.clear("hub"),
+                        Some(problem) => health.set("hub", problem),
                     }
                 })
                 .await;
@@ -397,12 +426,26 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 grace: args.lease_grace,
             };
             let sync = Arc::clone(&sync);
+            let (metrics, lease_location) = (metrics.clone(), location.clone());
             tasks.spawn(election::run(
                 hub.clone(),
                 location,
                 election,
                 cancel.clone(),
-                move |leading| sync.set_leader(leading),
+                election::Reports {
+                    on_change: move |leading| sync.set_leader(leading),
+                    on_error: move |class: crate::sync::ErrorClass| {
+                        metrics
+                            .errors
+                            .get_or_create(&ErrorLabels {
+                                kind: "Lease".to_owned(),
+                                location: lease_location.clone(),
+                                class: class.metric_label(),
+                            })
+                            .inc();
+                    },
+                    hub_health: hub_health.clone(),
+                },
             ));
         } else {
             sync.set_leader(true);

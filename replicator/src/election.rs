@@ -18,9 +18,11 @@ use kube::{
     Api, Client,
     runtime::{WatchStreamExt, watcher},
 };
-use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
+
+use crate::{cluster::HubHealth, sync::ErrorClass};
 
 /// How one location's election is run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,28 +87,59 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// until the old term would have expired; a fresh manager reads it anew and takes it.
 const FREE_LEASE_GRACE: Duration = Duration::from_secs(1);
 
-/// Takes part in the election of `location` until `cancel` fires, calling `on_change(true)`
-/// when this replica becomes leader and `on_change(false)` when it stops being one (also once at
-/// the start). On cancel a held Lease is released, so a standby takes over without waiting for
-/// expiry.
+/// Where an election reports to.
+pub struct Reports<C, E> {
+    /// Told `true` when this replica becomes leader and `false` when it stops being one (also
+    /// once at the start).
+    pub on_change: C,
+    /// Told the class of every failed Lease request (`replicator_errors_total{kind="Lease"}`).
+    pub on_error: E,
+    /// Told what the hub answered to the Lease requests: a 401 or 403 there (an account without
+    /// the Lease role) or no answer makes the process not ready (see [`HubHealth::report`]).
+    pub hub_health: HubHealth,
+}
+
+/// Takes part in the election of `location` until `cancel` fires, reporting to `reports`
+/// (`on_change(true)` when this replica becomes leader, `on_change(false)` when it stops being
+/// one, also once at the start). On cancel a held Lease is released, so a standby takes over
+/// without waiting for expiry.
 ///
-/// Errors never end the loop: they are logged, leadership is given up, and the election is
-/// rejoined after a backoff of 1 s doubling to 5 s (a Lease read is cheap, and a hub that
-/// returns should find its writer again within seconds).
+/// Errors never end the loop: leadership is given up, and the election is rejoined after a
+/// backoff of 1 s doubling to 5 s (a Lease read is cheap, and a hub that returns should find its
+/// writer again within seconds). Errors that are the hub's state (no answer, 401, 403) are
+/// logged once per change by [`HubHealth::monitor`], others here.
 pub async fn run(
     hub: Client,
     location: String,
     settings: Settings,
     cancel: CancellationToken,
-    on_change: impl Fn(bool),
+    reports: Reports<impl Fn(bool), impl Fn(ErrorClass)>,
 ) {
     let lease = lease_name(&location);
     let span = tracing::info_span!("election", cluster = "hub", location = %location, lease = %lease);
-    elect(hub, lease, settings, cancel, on_change).instrument(span).await;
+    elect(hub, lease, settings, cancel, reports).instrument(span).await;
 }
 
-async fn elect(hub: Client, lease: String, settings: Settings, cancel: CancellationToken, on_change: impl Fn(bool)) {
-    on_change(false);
+/// Reports a failed Lease request to `reports`; returns whether it is the hub's state (logged
+/// by the monitor rather than at each retry).
+fn report_error(reports: &Reports<impl Fn(bool), impl Fn(ErrorClass)>, source: &str, err: &LeaseManagerError) -> bool {
+    let class = match err {
+        LeaseManagerError::KubeError(e) => reports.hub_health.report(source, e),
+        _ => ErrorClass::Transient,
+    };
+    (reports.on_error)(class);
+    matches!(class, ErrorClass::Unreachable | ErrorClass::Forbidden)
+}
+
+async fn elect(
+    hub: Client,
+    lease: String,
+    settings: Settings,
+    cancel: CancellationToken,
+    reports: Reports<impl Fn(bool), impl Fn(ErrorClass)>,
+) {
+    (reports.on_change)(false);
+    let source = format!("Lease {}/{lease}", settings.namespace);
     let mut backoff = MIN_BACKOFF;
     loop {
         let built = tokio::select! {
@@ -119,18 +152,28 @@ async fn elect(hub: Client, lease: String, settings: Settings, cancel: Cancellat
                 .build() => built,
         };
         match built {
-            Ok(manager) => match follow(&hub, &lease, &manager, &settings, &cancel, &on_change, &mut backoff).await {
-                Followed::Cancelled => return,
-                // The holder let go: a fresh manager reads the Lease anew and takes it.
-                Followed::Released => continue,
-                Followed::Failed => {}
-            },
-            Err(err) => tracing::warn!(
-                error = %err,
-                namespace = %settings.namespace,
-                retry_in = ?backoff,
-                "cannot read or create the Lease; not leading"
-            ),
+            Ok(manager) => {
+                reports.hub_health.report_ok(&source);
+                let followed = follow(&hub, &lease, &manager, &settings, &cancel, &reports, &mut backoff).await;
+                match followed {
+                    Followed::Cancelled => return,
+                    // The holder let go: a fresh manager reads the Lease anew and takes it.
+                    Followed::Released => continue,
+                    Followed::Failed => {}
+                }
+            }
+            Err(err) => {
+                if report_error(&reports, &source, &err) {
+                    tracing::debug!(error = %err, namespace = %settings.namespace, retry_in = ?backoff, "cannot read or create the Lease; not leading");
+                } else {
+                    tracing::warn!(
+                        error = %err,
+                        namespace = %settings.namespace,
+                        retry_in = ?backoff,
+                        "cannot read or create the Lease; not leading"
+                    );
+                }
+            }
         }
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -159,9 +202,11 @@ async fn follow(
     manager: &LeaseManager,
     settings: &Settings,
     cancel: &CancellationToken,
-    on_change: &impl Fn(bool),
+    reports: &Reports<impl Fn(bool), impl Fn(ErrorClass)>,
     backoff: &mut Duration,
 ) -> Followed {
+    let source = format!("Lease {}/{lease}", settings.namespace);
+    let on_change = &reports.on_change;
     let api = Api::<Lease>::namespaced(hub.clone(), &settings.namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={lease}"));
     let mut lease_events = watcher::watcher(api, config)
@@ -221,6 +266,7 @@ async fn follow(
                 changed = Box::pin(manager.changed());
                 match result {
                 Ok(now) => {
+                    reports.hub_health.report_ok(&source);
                     *backoff = MIN_BACKOFF;
                     leading = now;
                     if now {
@@ -232,7 +278,12 @@ async fn follow(
                     on_change(now);
                 }
                 Err(err) => {
-                    tracing::warn!(error = %err, retry_in = ?*backoff, "Lease renewal failed; stepping down");
+                    let hub_state = report_error(reports, &source, &err);
+                    if leading || !hub_state {
+                        tracing::warn!(error = %err, retry_in = ?*backoff, "Lease renewal failed; stepping down");
+                    } else {
+                        tracing::debug!(error = %err, retry_in = ?*backoff, "Lease request failed; not leading");
+                    }
                     if leading {
                         on_change(false);
                     }

@@ -13,6 +13,7 @@ pub mod echo;
 pub mod election;
 pub mod health;
 pub mod http;
+pub mod kubeconfig_watch;
 pub mod logging;
 pub mod membership;
 pub mod metrics;

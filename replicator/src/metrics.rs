@@ -46,7 +46,7 @@ pub struct WriteLabels {
 /// Labels of `replicator_errors_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
-    /// The mirrored kind.
+    /// The mirrored kind, or `Lease` for the location's leader election.
     pub kind: String,
     /// The publishing location.
     pub location: String,
@@ -173,7 +173,8 @@ pub struct Metrics {
     pub copies: Family<KindLabels, Gauge>,
     /// `replicator_writes_total`: hub writes by outcome.
     pub writes: Family<WriteLabels, Counter>,
-    /// `replicator_errors_total`: errors by class.
+    /// `replicator_errors_total`: errors by class (failed writes, failed watches of the copies
+    /// and sources, failed Lease requests under `kind="Lease"`).
     pub errors: Family<ErrorLabels, Counter>,
     /// `replicator_sweep_deleted_total`: copies the sweep collected.
     pub sweep_deleted: Family<KindLabels, Counter>,
@@ -184,7 +185,9 @@ pub struct Metrics {
     pub unroutable: Family<KindLabels, Gauge>,
     /// `replicator_source_up`: 1 while the cell watch of a kind is listed and healthy.
     pub source_up: Family<KindLabels, Gauge>,
-    /// `replicator_hub_up`: 1 while the hub answers.
+    /// `replicator_hub_up`: 1 while the hub answers and accepts this process's credentials; 0
+    /// until the first probe answers, and while the hub is unreachable or answers 401 or 403 to
+    /// the requests every replica needs (the copy lists, the Lease). `/readyz` names the reason.
     pub hub_up: Family<LocationLabels, Gauge>,
     /// `replicator_last_sync_timestamp_seconds`: Unix time of the last successful write or
     /// verified no-op of a kind.
@@ -255,7 +258,11 @@ impl Metrics {
             "Hub writes by outcome; skipped means the copy already held the content",
             m.writes.clone(),
         );
-        r.register("errors", "Errors by class", m.errors.clone());
+        r.register(
+            "errors",
+            "Errors by class: unreachable (no answer), forbidden (401 credentials rejected or 403 no role), transient, invalid, namespace_missing, not_ours, source_invalid; kind is the mirrored kind, or Lease for the location's leader election",
+            m.errors.clone(),
+        );
         r.register(
             "sweep_deleted",
             "Copies collected by the sweep because their source is gone",
@@ -272,7 +279,11 @@ impl Metrics {
             "1 while the cell watch of a kind has listed and is healthy",
             m.source_up.clone(),
         );
-        r.register("hub_up", "1 while the hub apiserver answers", m.hub_up.clone());
+        r.register(
+            "hub_up",
+            "1 while the hub apiserver answers and accepts this process's credentials; 0 while it is unreachable or answers 401 (credentials rejected) or 403 (no role) to the copy lists or the Lease: /readyz names the reason, replicator_errors_total{class=\"unreachable\"|\"forbidden\"} counts the attempts",
+            m.hub_up.clone(),
+        );
         r.register(
             "last_sync_timestamp_seconds",
             "Unix time of the last successful hub write or verified no-op of a kind",

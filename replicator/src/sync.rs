@@ -631,6 +631,7 @@ impl CellSync {
     async fn watch_copies(self: Arc<Self>, i: usize, mut writer: Writer<Cached>, cancel: CancellationToken) {
         let state = &self.rules[i];
         let span = tracing::info_span!("copies", cluster = "hub", location = %self.settings.location, kind = %state.rule.resource.kind);
+        let source = format!("{} copies of {}", state.rule.resource.kind, self.settings.location);
         let api = Api::<DynamicObject>::all_with(self.hub.clone(), &state.resource);
         let config = watcher::Config::default()
             .labels(&format!("{}={}", rules::LOCATION_LABEL, self.settings.location))
@@ -648,19 +649,20 @@ impl CellSync {
             let Some(next) = next else { return };
             match next {
                 Err(err) => {
-                    let class = match &err {
-                        watcher::Error::InitialListFailed(e)
-                        | watcher::Error::WatchStartFailed(e)
-                        | watcher::Error::WatchFailed(e) => classify(e),
-                        _ => ErrorClass::Transient,
-                    };
-                    if class == ErrorClass::Unreachable {
-                        self.hub_health.mark_down();
-                    }
+                    let class = self.hub_health.report_watch(&source, &err);
                     self.count_error(state, class);
-                    tracing::warn!(parent: &span, error = %err, "hub watch failed; retrying with backoff");
+                    if matches!(class, ErrorClass::Unreachable | ErrorClass::Forbidden) {
+                        // The hub's state (unreachable, 401, 403) is logged once per change by
+                        // `HubHealth::monitor`, not once per retry.
+                        tracing::debug!(parent: &span, error = %err, class = class.metric_label(), "hub watch failed; retrying with backoff");
+                    } else {
+                        tracing::warn!(parent: &span, error = %err, class = class.metric_label(), "hub watch failed; retrying with backoff");
+                    }
                 }
                 Ok(event) => {
+                    if !matches!(event, Event::Init | Event::InitApply(_)) {
+                        self.hub_health.report_ok(&source);
+                    }
                     let event = event.modify(|o| o.managed_fields_mut().clear());
                     writer.apply_watcher_event(&cache::event(&event));
                     match &event {
@@ -691,7 +693,6 @@ impl CellSync {
                                 self.queue.add(key);
                             }
                             state.copies_listed.store(true, Ordering::Release);
-                            self.hub_health.mark_up();
                             self.bump_readiness();
                         }
                         Event::Apply(o) => {
@@ -928,8 +929,8 @@ impl CellSync {
         let state = &self.rules[key.rule];
         let class = err.class();
         self.count_error(state, class);
-        if class == ErrorClass::Unreachable {
-            self.hub_health.mark_down();
+        if let Error::Hub(e) = err {
+            self.hub_health.report_write(e);
         }
         let attempt = {
             let mut attempts = lock(&self.attempts);

@@ -59,6 +59,14 @@ pub struct MembershipArgs {
     /// Kubeconfig of the hub (required); waited for while missing or empty.
     #[arg(long, env = "REPLICATOR_HUB_KUBECONFIG")]
     pub hub_kubeconfig: PathBuf,
+    /// Exit (status 0) once the content of --hub-kubeconfig differs from what the hub client was
+    /// built from (read every 5 s; a missing or empty file is not a change), after the usual
+    /// graceful shutdown (writes in flight finish): in a pod the kubelet restarts the container
+    /// with the updated Secret, so a fixed kubeconfig needs no manual step. Set `false` under a
+    /// supervisor that does not restart a process exiting 0: the file is then read once, at
+    /// start.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "REPLICATOR_EXIT_ON_KUBECONFIG_CHANGE")]
+    pub exit_on_kubeconfig_change: bool,
     /// Metrics and probe addresses.
     #[command(flatten)]
     pub serve: crate::http::ServeArgs,
@@ -93,8 +101,10 @@ pub struct Metrics {
     pub members: Family<ServiceLabels, Gauge>,
     /// `replicator_membership_healthy`: healthy members of a service.
     pub healthy: Family<ServiceLabels, Gauge>,
-    /// `replicator_membership_errors_total`: failed passes by class.
+    /// `replicator_membership_errors_total`: failed passes and hub watch attempts by class.
     pub errors: Family<ClassLabels, Counter>,
+    /// `replicator_membership_hub_up`: 1 while the hub answers and accepts the credentials.
+    pub hub_up: Gauge,
     /// `replicator_membership_status_writes_total`: status writes (unchanged status is skipped).
     pub status_writes: Counter,
     /// `replicator_membership_passes_total`: completed service passes.
@@ -108,13 +118,23 @@ impl Metrics {
             members: Family::default(),
             healthy: Family::default(),
             errors: Family::default(),
+            hub_up: Gauge::default(),
             status_writes: Counter::default(),
             passes: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("replicator_membership");
         r.register("members", "Members of a NetworkService", m.members.clone());
         r.register("healthy", "Healthy members of a NetworkService", m.healthy.clone());
-        r.register("errors", "Failed service passes by class", m.errors.clone());
+        r.register(
+            "errors",
+            "Failed service passes and hub watch attempts by class: unreachable (no answer), forbidden (401 credentials rejected, 403 no role), transient, invalid",
+            m.errors.clone(),
+        );
+        r.register(
+            "hub_up",
+            "1 while the hub apiserver answers and accepts this process's credentials; 0 while it is unreachable or answers 401 or 403 to the watches (/readyz names the reason)",
+            m.hub_up.clone(),
+        );
         r.register("status_writes", "NetworkService status writes", m.status_writes.clone());
         r.register("passes", "Completed service passes", m.passes.clone());
         m
@@ -127,6 +147,7 @@ type Key = (String, String);
 /// The controller's caches and state.
 pub struct Controller {
     hub: Client,
+    hub_health: cluster::HubHealth,
     interfaces: Store<DynamicObject>,
     services: Store<DynamicObject>,
     slices: Store<EndpointSlice>,
@@ -160,6 +181,9 @@ fn typed<K: serde::de::DeserializeOwned>(o: &DynamicObject) -> Option<K> {
 fn selector_of(service: &NetworkService) -> Result<Selector, String> {
     Selector::try_from(service.spec.network_interfaces.selector.clone()).map_err(|e| e.to_string())
 }
+
+/// The readiness component of the first lists (the `hub` component is the hub's state).
+const LISTS: &str = "hub caches";
 
 /// Bitmask of the four reflectors that completed a full list.
 const ALL_LISTED: u8 = 0b1111;
@@ -217,6 +241,8 @@ impl Controller {
         K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
         K::DynamicType: Eq + std::hash::Hash + Clone,
     {
+        // Internal: the key of this watch's 403 in `HubHealth` (one per reflector).
+        let source = format!("watch {bit:#06b}");
         let mut stream = watcher::watcher(api, config)
             .backoff(crate::cluster::watch_backoff())
             .boxed();
@@ -227,8 +253,25 @@ impl Controller {
             };
             match next {
                 None => return,
-                Some(Err(err)) => tracing::warn!(error = %err, "hub watch failed; retrying with backoff"),
+                Some(Err(err)) => {
+                    let class = self.hub_health.report_watch(&source, &err);
+                    self.metrics
+                        .errors
+                        .get_or_create(&ClassLabels {
+                            class: class.metric_label(),
+                        })
+                        .inc();
+                    if matches!(class, ErrorClass::Unreachable | ErrorClass::Forbidden) {
+                        // Logged once per change of the hub's state by `HubHealth::monitor`.
+                        tracing::debug!(error = %err, class = class.metric_label(), "hub watch failed; retrying with backoff");
+                    } else {
+                        tracing::warn!(error = %err, class = class.metric_label(), "hub watch failed; retrying with backoff");
+                    }
+                }
                 Some(Ok(event)) => {
+                    if !matches!(event, Event::Init | Event::InitApply(_)) {
+                        self.hub_health.report_ok(&source);
+                    }
                     let event = event.modify(|o| o.managed_fields_mut().clear());
                     writer.apply_watcher_event(&event);
                     if matches!(event, Event::InitDone) {
@@ -475,8 +518,18 @@ pub async fn run(args: MembershipArgs) -> anyhow::Result<()> {
     let mut servers = http::spawn(&args.serve, registry, health.clone(), &cancel);
 
     let hub = cluster::wait_for_hub_client(&args.hub_kubeconfig, Duration::from_secs(2), &cancel, &health).await;
-    let Some(hub) = hub else { return Ok(()) };
-    health.set("hub", "initial list pending");
+    let Some(cluster::Hub {
+        client: hub,
+        server,
+        kubeconfig,
+    }) = hub
+    else {
+        return Ok(());
+    };
+    health.set("hub", format!("connecting to {server}"));
+    health.set(LISTS, "initial list pending");
+    tracing::info!(server = %server, "hub kubeconfig loaded; starting");
+    let hub_health = cluster::HubHealth::new();
 
     let interfaces = Writer::new(interface_resource());
     let services = Writer::new(service_resource());
@@ -500,9 +553,37 @@ pub async fn run(args: MembershipArgs) -> anyhow::Result<()> {
             },
         ),
         hub: hub.clone(),
+        hub_health: hub_health.clone(),
     });
 
     let mut tasks = tokio::task::JoinSet::new();
+    if args.exit_on_kubeconfig_change {
+        tasks.spawn(crate::kubeconfig_watch::exit_on_change(
+            args.hub_kubeconfig.clone(),
+            kubeconfig,
+            cancel.clone(),
+        ));
+    }
+    {
+        let (hub, cancel, health, hub_up) = (
+            hub.clone(),
+            cancel.clone(),
+            health.clone(),
+            controller.metrics.hub_up.clone(),
+        );
+        tasks.spawn(async move {
+            let shown = server.clone();
+            hub_health
+                .monitor(hub, &server, Duration::from_secs(1), cancel, move |state| {
+                    hub_up.set(i64::from(state.is_up()));
+                    match state.problem(&shown) {
+                        None => health.clear("hub"),
+                        Some(problem) => health.set("hub", problem),
+                    }
+                })
+                .await;
+        });
+    }
     let c = Arc::clone(&controller);
     tasks.spawn(tracing::Instrument::instrument(
         c.watch(
@@ -581,7 +662,7 @@ pub async fn run(args: MembershipArgs) -> anyhow::Result<()> {
             tokio::select! {
                 () = cancel.cancelled() => {}
                 _ = rx.wait_for(|v| *v == ALL_LISTED) => {
-                    health.clear("hub");
+                    health.clear(LISTS);
                     tracing::info!(services = c.services.len(), interfaces = c.interfaces.len(), "hub caches listed; resolving services");
                 }
             }
