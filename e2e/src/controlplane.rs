@@ -466,7 +466,12 @@ impl Environment {
     /// service accounts, their ClusterRoles and the Lease Role. Idempotent (server-side apply).
     pub async fn ensure_lease_namespace(&self) -> Result<()> {
         let dir = paths::workspace_root().join("config").join("rbac").join("hub");
-        let mut args: Vec<OsString> = vec!["apply".into(), "--server-side".into(), "--force-conflicts".into(), "-k".into()];
+        let mut args: Vec<OsString> = vec![
+            "apply".into(),
+            "--server-side".into(),
+            "--force-conflicts".into(),
+            "-k".into(),
+        ];
         args.push(dir.into_os_string());
         self.kubectl_ok(Cluster::Hub, args).await?;
         Ok(())
@@ -662,7 +667,10 @@ impl Environment {
         let kubelets = node::kubelets_possible();
         let images = async {
             if let Err(why) = &kubelets {
-                tracing::warn!(why, "the cells run without kubelets (bare apiservers): no pods, the product runs as processes");
+                tracing::warn!(
+                    why,
+                    "the cells run without kubelets (bare apiservers): no pods, the product runs as processes"
+                );
                 return Ok(None);
             }
             node::ensure_host_packages().await?;

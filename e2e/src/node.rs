@@ -223,6 +223,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         Root = "{d}/runc"
         SystemdCgroup = false
 
+  # No registry is reachable from here, and none may be tried: every pull of an image that was
+  # not imported goes to a closed loopback port and fails at once (ErrImagePull), never to the
+  # registry its name points at.
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{d}/containerd/certs.d"
+
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_BIN_DIR}"
     conf_dir = "{d}/cni/net.d"
@@ -379,6 +385,9 @@ impl Environment {
             &layout.containerd_config_path(),
             &layout.containerd_config(&images.pause),
         )?;
+        let registries = layout.dir.join("containerd").join("certs.d").join("_default");
+        std::fs::create_dir_all(&registries).map_err(io_context(format!("creating {}", registries.display())))?;
+        write_file(&registries.join("hosts.toml"), NO_REGISTRY)?;
         write_file(
             &layout.kubelet_config_path(),
             &layout.kubelet_config(ports, &self.pki.ca_cert()),
@@ -725,12 +734,21 @@ impl Environment {
     }
 }
 
+/// containerd's `hosts.toml` for every registry (`certs.d/_default`): the only server is a
+/// loopback port nothing listens on, so a pull fails at once and no packet leaves the host.
+/// (containerd 1.6 refuses a file with `server` alone: "invalid `host` tree".)
+pub const NO_REGISTRY: &str = "# Written by the replicator e2e harness: no registry is reachable, none is tried.\n\
+                               server = \"http://127.0.0.1:1\"\n\n\
+                               [host.\"http://127.0.0.1:1\"]\n  capabilities = [\"pull\", \"resolve\"]\n";
+
 /// Whether kubelets can run on this machine: `Err` says why not, in one line (not root; no
 /// writable cgroup hierarchy under `/sys/fs/cgroup`). Without them the cells are bare
 /// apiservers, as before, and the product runs as processes.
 pub fn kubelets_possible() -> std::result::Result<(), String> {
     if !nix::unistd::geteuid().is_root() {
-        return Err("kubelets need root (containerd, cgroups, network namespaces); this process is not root".to_owned());
+        return Err(
+            "kubelets need root (containerd, cgroups, network namespaces); this process is not root".to_owned(),
+        );
     }
     let hierarchies = hostnet::cgroup_hierarchies().map_err(|error| error.to_string())?;
     if hierarchies.is_empty() {
@@ -869,6 +887,7 @@ mod tests {
             "Root = \"/env/nodes/cell-a/runc\"",
             "restrict_oom_score_adj = true",
             "netns_mounts_under_state_dir = true",
+            "config_path = \"/env/nodes/cell-a/containerd/certs.d\"",
             "sandbox_image = \"localhost/pause:1\"",
             "conf_dir = \"/env/nodes/cell-a/cni/net.d\"",
         ] {
