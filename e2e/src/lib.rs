@@ -25,6 +25,7 @@ pub mod controlplane;
 pub mod convergence;
 mod crds;
 pub mod daemon;
+pub mod deploy;
 pub mod error;
 mod etcd;
 pub mod fault_proxy;
