@@ -207,12 +207,6 @@ impl Environment {
             tracing::info!(dir = %dir.display(), "environment already up; reusing it");
             env.install_crds_if_changed().await?;
             env.ensure_lease_namespace().await?;
-            if env.has_nodes().await {
-                let images = Images::ensure().await?;
-                for cell in Cluster::CELLS {
-                    env.import_images(cell, &images).await?;
-                }
-            }
             return Ok(env);
         }
         match Environment::start_fresh(&dir).await {

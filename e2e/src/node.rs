@@ -548,6 +548,31 @@ impl Environment {
         })
     }
 
+    /// The product image as the repository builds it now: runs `e2e/scripts/build-image.sh`
+    /// (it rebuilds only what changed) and imports what is new into each cell's containerd.
+    /// Scenarios that deploy the product call this, so that a changed source is what runs;
+    /// [`Environment::ensure_up`] reusing an environment does not (it would cost every scenario
+    /// a release-build check).
+    ///
+    /// # Errors
+    /// The environment has no nodes ([`kubelets_possible`] said why at `up`), the build fails,
+    /// or an import fails.
+    pub async fn ensure_images(&self) -> Result<Images> {
+        if !self.has_nodes().await {
+            let why = kubelets_possible()
+                .err()
+                .unwrap_or_else(|| "the environment was started without them".to_owned());
+            return Err(Error::Config(format!(
+                "the cells run no kubelets ({why}): nothing can run the image"
+            )));
+        }
+        let images = Images::ensure().await?;
+        for cell in Cluster::CELLS {
+            self.import_images(cell, &images).await?;
+        }
+        Ok(images)
+    }
+
     /// Imports the pause and product images into a cell's containerd (CRI namespace), unless
     /// the state says they are there already.
     pub(crate) async fn import_images(&self, cell: Cluster, images: &Images) -> Result<()> {
