@@ -1,4 +1,4 @@
-//! The metrics and probe endpoints: `/metrics` (Prometheus text), `/healthz`, `/readyz`.
+//! The metrics and probe endpoints: `/metrics` (OpenMetrics text), `/healthz`, `/readyz`.
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -49,13 +49,13 @@ pub enum Error {
     Serve(#[source] std::io::Error),
 }
 
+/// The content type of `/metrics`: prometheus-client's text encoder writes the OpenMetrics 1.0
+/// text format (`_total` counters, `# EOF` last), not the classic Prometheus 0.0.4 text.
+pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
 async fn metrics(State(registry): State<Arc<Registry>>) -> impl IntoResponse {
     match crate::metrics::encode(&registry) {
-        Ok(text) => (
-            StatusCode::OK,
-            [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-            text,
-        ),
+        Ok(text) => (StatusCode::OK, [("content-type", METRICS_CONTENT_TYPE)], text),
         Err(_) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             [("content-type", "text/plain")],
@@ -104,4 +104,30 @@ async fn serve(addr: SocketAddr, app: Router, cancel: CancellationToken) -> Resu
         .with_graceful_shutdown(cancel.cancelled_owned())
         .await
         .map_err(Error::Serve)
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::response::IntoResponse;
+    use prometheus_client::metrics::counter::Counter;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn metrics_are_served_as_openmetrics_text() {
+        let mut registry = Registry::default();
+        let counter: Counter = Counter::default();
+        registry.register("replicator_example", "An example", counter.clone());
+        counter.inc();
+        let response = metrics(State(Arc::new(registry))).await.into_response();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            response.headers().get("content-type").and_then(|v| v.to_str().ok()),
+            Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+        );
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        let text = String::from_utf8(body.to_vec()).unwrap();
+        assert!(text.contains("replicator_example_total 1\n"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
 }
