@@ -325,6 +325,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     spawn_signal_handler(cancel.clone());
 
     let mut registry = Registry::default();
+    crate::metrics::register_process(&mut registry);
     let metrics = Metrics::register(&mut registry);
     let registry = Arc::new(registry);
     let health = Health::default();

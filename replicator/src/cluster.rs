@@ -11,7 +11,7 @@
 //! pause while the hub does not answer or rejects the credentials, and resume as soon as it is
 //! back; nothing is written or deleted meanwhile. A fixed kubeconfig is picked up by a restart
 //! ([`crate::kubeconfig_watch`]). The cell and hub clients count every request they send in
-//! `replicator_api_requests_total{cluster,verb,resource}` ([`crate::metrics::api_requests`]).
+//! `replicator_api_requests_total{cluster,verb,resource,code}` ([`crate::metrics::api_requests`]).
 
 use std::{path::Path, sync::Arc, time::Duration};
 
@@ -67,9 +67,12 @@ impl Role {
     }
 }
 
-/// A client from `config` whose every request is counted in
-/// `replicator_api_requests_total{cluster=<role>,verb,resource}` as it is sent, and timed in
-/// `replicator_api_request_duration_seconds{cluster,verb}` until its response headers arrive.
+/// A client from `config` whose every request is counted once in
+/// `replicator_api_requests_total{cluster=<role>,verb,resource,code}`: when its response headers
+/// arrive (`code` is the HTTP status; for a watch, when the stream opens), or when it fails or is
+/// dropped without them (`code="<error>"`); and timed in
+/// `replicator_api_request_duration_seconds{cluster,verb}` until its response headers arrive or
+/// it fails.
 ///
 /// # Errors
 /// [`Error::Client`] when no client can be built from the configuration.
@@ -88,9 +91,23 @@ struct Counted<S> {
     role: Role,
 }
 
-impl<S, B> tower::Service<http::Request<B>> for Counted<S>
+/// Counts one request when dropped: with the code it was given, else as [`NO_RESPONSE`]
+/// (a request cancelled before an answer is counted too).
+///
+/// [`NO_RESPONSE`]: crate::metrics::NO_RESPONSE
+struct Tally {
+    labels: crate::metrics::ApiRequestLabels,
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        crate::metrics::api_requests().get_or_create(&self.labels).inc();
+    }
+}
+
+impl<S, B, RB> tower::Service<http::Request<B>> for Counted<S>
 where
-    S: tower::Service<http::Request<B>>,
+    S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
     S::Future: Send + 'static,
 {
     type Response = S::Response;
@@ -104,17 +121,20 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let verb = crate::metrics::api_verb(request.method(), request.uri());
         let cluster = self.role.label();
-        crate::metrics::api_requests()
-            .get_or_create(&crate::metrics::ApiRequestLabels {
+        let mut tally = Tally {
+            labels: crate::metrics::ApiRequestLabels {
                 cluster,
                 verb,
                 resource: crate::metrics::api_resource(request.uri()),
-            })
-            .inc();
+                code: crate::metrics::NO_RESPONSE.to_owned(),
+            },
+        };
         let sent = std::time::Instant::now();
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await;
+            tally.labels.code = crate::metrics::api_code(&response);
+            drop(tally);
             crate::metrics::api_request_duration()
                 .get_or_create(&crate::metrics::ApiLatencyLabels { cluster, verb })
                 .observe(sent.elapsed().as_secs_f64());
@@ -627,32 +647,50 @@ mod tests {
         assert!(matches!(result, Err(Error::Kubeconfig { .. })), "{:?}", result.err());
     }
 
-    #[tokio::test]
-    async fn a_counted_client_counts_each_request_by_cluster_and_verb() {
+    /// A server answering one request per connection with each of `statuses` in turn (a
+    /// `/version` body), so requests go through the real client stack.
+    async fn answering(statuses: &'static [u16]) -> (String, tokio::task::JoinHandle<()>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        // A one-shot HTTP server answering /version, so the request goes through the real stack.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let server = tokio::spawn(async move {
-            let (mut socket, _) = listener.accept().await.unwrap();
-            let mut buf = vec![0u8; 4096];
-            let _ = socket.read(&mut buf).await.unwrap();
-            let body = r#"{"major":"1","minor":"35","gitVersion":"v1.35.4","gitCommit":"","gitTreeState":"","buildDate":"","goVersion":"","compiler":"","platform":""}"#;
-            let response = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                body.len()
-            );
-            socket.write_all(response.as_bytes()).await.unwrap();
+            for status in statuses {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let mut buf = vec![0u8; 4096];
+                let _ = socket.read(&mut buf).await.unwrap();
+                let body = if *status == 200 {
+                    r#"{"major":"1","minor":"35","gitVersion":"v1.35.4","gitCommit":"","gitTreeState":"","buildDate":"","goVersion":"","compiler":"","platform":""}"#
+                } else {
+                    r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"no","reason":"NotFound","code":404}"#
+                };
+                let response = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                socket.write_all(response.as_bytes()).await.unwrap();
+            }
         });
-        let labels = crate::metrics::ApiRequestLabels {
-            cluster: "cell",
-            verb: "get",
-            resource: String::new(),
-        };
-        let before = crate::metrics::api_requests().get_or_create(&labels).get();
+        (url, server)
+    }
+
+    fn requests(cluster: &'static str, resource: &str, code: &str) -> u64 {
+        crate::metrics::api_requests()
+            .get_or_create(&crate::metrics::ApiRequestLabels {
+                cluster,
+                verb: "get",
+                resource: resource.to_owned(),
+                code: code.to_owned(),
+            })
+            .get()
+    }
+
+    #[tokio::test]
+    async fn a_counted_client_counts_each_request_by_cluster_verb_and_code() {
+        let (url, server) = answering(&[200]).await;
+        let before = requests("cell", "", "200");
         let client = counted_client(Config::new(url.parse().unwrap()), Role::Cell).unwrap();
         client.apiserver_version().await.unwrap();
-        assert_eq!(crate::metrics::api_requests().get_or_create(&labels).get(), before + 1);
+        assert_eq!(requests("cell", "", "200"), before + 1);
         // And timed: the response arrived, so the histogram of cell GETs has a sample.
         let mut registry = prometheus_client::registry::Registry::default();
         registry.register("d", "", crate::metrics::api_request_duration().clone());
@@ -665,6 +703,30 @@ mod tests {
             .and_then(|n| n.parse::<u64>().ok());
         assert!(count.is_some_and(|n| n >= 1), "{text}");
         server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_error_status_and_no_answer_are_counted_by_code() {
+        // ConfigMaps: no other test requests them, so the counts are this test's own.
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let count = |code| requests("hub", "configmaps", code);
+        let (found, missing, failed) = (count("200"), count("404"), count("<error>"));
+        let (url, server) = answering(&[404]).await;
+        let client = counted_client(Config::new(url.parse().unwrap()), Role::Hub).unwrap();
+        let api = kube::Api::<ConfigMap>::namespaced(client, "ns-1");
+        assert!(api.get("absent").await.is_err());
+        server.await.unwrap();
+        assert_eq!(count("404"), missing + 1);
+        // Nothing listens any more: connection refused, no response, code "<error>".
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let client = counted_client(Config::new(url.parse().unwrap()), Role::Hub).unwrap();
+        let api = kube::Api::<ConfigMap>::namespaced(client, "ns-1");
+        assert!(api.get("absent").await.is_err());
+        assert_eq!(count("<error>"), failed + 1);
+        assert_eq!(count("200"), found, "each request is counted once, under its code");
+        assert_eq!(count("404"), missing + 1);
     }
 
     fn api_error(code: u16, message: &str) -> kube::Error {

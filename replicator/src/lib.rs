@@ -19,6 +19,7 @@ pub mod membership;
 pub mod metrics;
 pub mod outage;
 pub mod policies;
+pub mod process_metrics;
 pub mod queue;
 pub mod routing;
 pub mod rules;

@@ -71,10 +71,26 @@ pub struct ApiRequestLabels {
     /// The resource (plural, e.g. `networkinterfaces`, `leases`; see [`api_resource`]), so the
     /// cost of the copies can be told from that of leader election and Events.
     pub resource: String,
+    /// The HTTP status code of the response (`200`, `404`, `409`, ...), or [`NO_RESPONSE`] when
+    /// the request got none (see [`api_code`]); client-go's `rest_client_requests_total{code}`.
+    pub code: String,
+}
+
+/// The `code` of a request that got no HTTP response (connection refused, TLS failure, timeout,
+/// the request dropped before an answer): client-go's value for the same case.
+pub const NO_RESPONSE: &str = "<error>";
+
+/// The `code` label of a request's outcome: the response's status code, or [`NO_RESPONSE`].
+pub fn api_code<B, E>(outcome: &Result<http::Response<B>, E>) -> String {
+    match outcome {
+        Ok(response) => response.status().as_str().to_owned(),
+        Err(_) => NO_RESPONSE.to_owned(),
+    }
 }
 
 /// The process-wide family behind `replicator_api_requests_total`: every Kubernetes API request
-/// the process sends, by cluster and verb, counted when it is sent (see `cluster::cell_client`).
+/// the process sends, by cluster, verb, resource and code, counted once its response headers
+/// arrive or it ends without an answer (see `cluster::counted_client`).
 ///
 /// Process-wide because the clients are built before (and independently of) the registry;
 /// [`Metrics::register`] exports it.
@@ -157,6 +173,35 @@ fn resource_segments<'a, 'b>(segments: &'b [&'a str]) -> &'b [&'a str] {
     }
 }
 
+/// Labels of `replicator_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildInfoLabels {
+    /// The crate version (`CARGO_PKG_VERSION`).
+    pub version: &'static str,
+    /// The git commit the binary was built from, as `--version` prints it (`unknown` without git).
+    pub commit: &'static str,
+}
+
+/// The labels of this binary's `replicator_build_info`.
+pub const BUILD_INFO: BuildInfoLabels = BuildInfoLabels {
+    version: env!("CARGO_PKG_VERSION"),
+    commit: env!("REPLICATOR_BUILD_COMMIT"),
+};
+
+/// Registers what every long-running subcommand exports besides its own metrics:
+/// `replicator_build_info{version,commit}` (always 1) and the conventional, unprefixed process
+/// metrics ([`crate::process_metrics`]), read at scrape time.
+pub fn register_process(registry: &mut Registry) {
+    let build_info = Family::<BuildInfoLabels, Gauge>::default();
+    build_info.get_or_create(&BUILD_INFO).set(1);
+    registry.register(
+        "replicator_build_info",
+        "Always 1; the labels name the version and the git commit of the running binary",
+        build_info,
+    );
+    registry.register_collector(Box::new(crate::process_metrics::ProcessCollector));
+}
+
 /// Every metric of `replicator run`, registered under the `replicator_` prefix.
 #[derive(Clone)]
 pub struct Metrics {
@@ -169,6 +214,10 @@ pub struct Metrics {
     /// `replicator_sync_duration_seconds`: how long one sync pass over a key took, hub round
     /// trips included, whatever its outcome.
     pub sync_duration: Family<KindLabels, Histogram>,
+    /// `replicator_queue_depth`: keys waiting in a location's work queue for a worker (client-go's
+    /// `workqueue_depth`): not the keys being processed, waiting out a retry backoff, or parked
+    /// until their kind has listed.
+    pub queue_depth: Family<LocationLabels, Gauge>,
     /// `replicator_copies`: copies this location has on the hub (hub cache size).
     pub copies: Family<KindLabels, Gauge>,
     /// `replicator_writes_total`: hub writes by outcome.
@@ -199,8 +248,8 @@ pub struct Metrics {
     /// `replicator_withdrawn_total`: copies withdrawn from the hub because their cell stayed
     /// unreachable past the grace period (`--withdraw-unreachable-after`).
     pub withdrawn: Family<KindLabels, Counter>,
-    /// `replicator_api_requests_total`: Kubernetes API requests sent, by cluster and verb (the
-    /// process-wide [`api_requests`]).
+    /// `replicator_api_requests_total`: Kubernetes API requests, by cluster, verb, resource and
+    /// response code (the process-wide [`api_requests`]).
     pub api_requests: Family<ApiRequestLabels, Counter>,
     /// `replicator_api_request_duration_seconds`: request sent → response headers, by cluster
     /// and verb (the process-wide [`api_request_duration`]).
@@ -221,6 +270,7 @@ impl Metrics {
             propagation_lag: Family::new_with_constructor(lag_histogram),
             queue_wait: Family::new_with_constructor(lag_histogram),
             sync_duration: Family::new_with_constructor(lag_histogram),
+            queue_depth: Family::default(),
             copies: Family::default(),
             writes: Family::default(),
             errors: Family::default(),
@@ -251,6 +301,11 @@ impl Metrics {
             "sync_duration_seconds",
             "Seconds one sync pass over a key took, hub round trips included",
             m.sync_duration.clone(),
+        );
+        r.register(
+            "queue_depth",
+            "Keys waiting in the location's work queue for a worker (not those being processed, waiting out a retry backoff, or parked until their kind has listed)",
+            m.queue_depth.clone(),
         );
         r.register("copies", "Copies this location has on the hub", m.copies.clone());
         r.register(
@@ -302,7 +357,7 @@ impl Metrics {
         );
         r.register(
             "api_requests",
-            "Kubernetes API requests sent, by cluster (cell, hub), verb (get, list, watch, create, update, patch, delete, deletecollection, other) and resource",
+            "Kubernetes API requests, by cluster (cell, hub), verb (get, list, watch, create, update, patch, delete, deletecollection, other), resource and code (the HTTP status code of the response, <error> when there was none), counted when the response headers arrive or the request ends without them",
             m.api_requests.clone(),
         );
         r.register(
@@ -314,7 +369,7 @@ impl Metrics {
     }
 }
 
-/// Encodes `registry` in the Prometheus text exposition format.
+/// Encodes `registry` in the OpenMetrics text format (what `/metrics` serves, ending in `# EOF`).
 ///
 /// # Errors
 /// Only a formatter error, which writing to a `String` never produces.
@@ -450,14 +505,61 @@ mod tests {
             cluster: "hub",
             verb: "watch",
             resource: "leases".into(),
+            code: "200".into(),
         };
         let before = api_requests().get_or_create(&labels).get();
         api_requests().get_or_create(&labels).inc();
         assert_eq!(m.api_requests.get_or_create(&labels).get(), before + 1);
         let text = encode(&registry).unwrap();
         assert!(
-            text.contains(r#"replicator_api_requests_total{cluster="hub",verb="watch",resource="leases"}"#),
+            text.contains(r#"replicator_api_requests_total{cluster="hub",verb="watch",resource="leases",code="200"}"#),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn api_codes_are_the_status_or_error() {
+        let ok: Result<http::Response<()>, ()> = Ok(http::Response::builder().status(409).body(()).unwrap());
+        assert_eq!(api_code(&ok), "409");
+        let ok: Result<http::Response<()>, ()> = Ok(http::Response::new(()));
+        assert_eq!(api_code(&ok), "200");
+        let failed: Result<http::Response<()>, &str> = Err("connection refused");
+        assert_eq!(api_code(&failed), "<error>");
+    }
+
+    #[test]
+    fn build_info_and_queue_depth_are_exported() {
+        let mut registry = Registry::default();
+        register_process(&mut registry);
+        let m = Metrics::register(&mut registry);
+        m.queue_depth
+            .get_or_create(&LocationLabels { location: "dfw".into() })
+            .set(7);
+        let text = encode(&registry).unwrap();
+        let build = format!(
+            r#"replicator_build_info{{version="{}",commit="{}"}} 1"#,
+            env!("CARGO_PKG_VERSION"),
+            env!("REPLICATOR_BUILD_COMMIT")
+        );
+        assert!(text.contains(&format!("{build}\n")), "missing {build} in\n{text}");
+        assert!(text.contains("# TYPE replicator_build_info gauge\n"), "{text}");
+        assert!(
+            crate::cli::VERSION.contains(BUILD_INFO.commit) && crate::cli::VERSION.starts_with(BUILD_INFO.version),
+            "the commit --version prints"
+        );
+        assert!(text.contains("replicator_queue_depth{location=\"dfw\"} 7\n"), "{text}");
+        #[cfg(target_os = "linux")]
+        assert!(
+            text.contains("\nprocess_open_fds "),
+            "unprefixed process metrics: {text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+        let samples = crate::status::exposition::parse(&text).unwrap();
+        assert!(
+            samples
+                .iter()
+                .any(|s| s.name == "replicator_build_info" && (s.value - 1.0).abs() < f64::EPSILON),
+            "`replicator status` reads the exposition with the new series"
         );
     }
 }

@@ -13,12 +13,15 @@ use std::{
     time::{Duration, Instant},
 };
 
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 
 /// The queue. Share it behind an [`Arc`].
 pub struct WorkQueue<K> {
     state: Mutex<State<K>>,
     notify: Notify,
+    /// Set to the number of waiting keys on every change ([`WorkQueue::with_depth`]).
+    depth: Option<Gauge>,
 }
 
 struct State<K> {
@@ -39,7 +42,22 @@ impl<K: Hash + Eq + Clone + Send + 'static> Default for WorkQueue<K> {
 impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
     /// An empty, open queue.
     pub fn new() -> Self {
+        Self::with_depth_gauge(None)
+    }
+
+    /// An empty, open queue that keeps `depth` at its number of waiting keys ([`WorkQueue::len`],
+    /// client-go's `workqueue_depth`): keys being processed or waiting out [`WorkQueue::add_after`]
+    /// are not counted.
+    pub fn with_depth(depth: Gauge) -> Self {
+        Self::with_depth_gauge(Some(depth))
+    }
+
+    fn with_depth_gauge(depth: Option<Gauge>) -> Self {
+        if let Some(gauge) = &depth {
+            gauge.set(0);
+        }
         Self {
+            depth,
             state: Mutex::new(State {
                 order: VecDeque::new(),
                 queued: HashMap::new(),
@@ -48,6 +66,13 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
                 closed: false,
             }),
             notify: Notify::new(),
+        }
+    }
+
+    /// Updates the depth gauge; called with the lock held, so the last update is the latest.
+    fn report(&self, s: &State<K>) {
+        if let Some(gauge) = &self.depth {
+            gauge.set(i64::try_from(s.order.len()).unwrap_or(i64::MAX));
         }
     }
 
@@ -69,6 +94,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
         }
         s.queued.insert(key.clone(), Instant::now());
         s.order.push_back(key);
+        self.report(&s);
         drop(s);
         self.notify.notify_one();
     }
@@ -96,6 +122,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
                 if let Some(key) = s.order.pop_front() {
                     let waited = s.queued.remove(&key).map(|at| at.elapsed()).unwrap_or_default();
                     s.active.insert(key.clone());
+                    self.report(&s);
                     if !s.order.is_empty() {
                         // Let another idle worker pick up the rest.
                         self.notify.notify_one();
@@ -117,6 +144,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
         if s.again.remove(key) && !s.closed && !s.queued.contains_key(key) {
             s.queued.insert(key.clone(), Instant::now());
             s.order.push_back(key.clone());
+            self.report(&s);
             drop(s);
             self.notify.notify_one();
         }
@@ -138,6 +166,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
         s.closed = true;
         s.order.clear();
         s.queued.clear();
+        self.report(&s);
         drop(s);
         self.notify.notify_waiters();
     }
@@ -178,6 +207,25 @@ mod tests {
         q.done(&"a");
         let (_, waited) = q.next().await.unwrap();
         assert!(waited <= requeued.elapsed());
+    }
+
+    #[tokio::test]
+    async fn the_depth_gauge_counts_waiting_keys_only() {
+        let depth = Gauge::default();
+        let q = WorkQueue::with_depth(depth.clone());
+        assert_eq!(depth.get(), 0);
+        q.add("a");
+        q.add("b");
+        q.add("a");
+        assert_eq!(depth.get(), 2, "a key is queued once");
+        let (a, _) = q.next().await.unwrap();
+        assert_eq!(depth.get(), 1, "a key being processed is not waiting");
+        q.add("a");
+        assert_eq!(depth.get(), 1, "re-added while active: queued again only at done");
+        q.done(&a);
+        assert_eq!(depth.get(), 2);
+        q.close();
+        assert_eq!(depth.get(), 0, "a closed queue drops its keys");
     }
 
     #[tokio::test]

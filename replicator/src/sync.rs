@@ -383,6 +383,10 @@ impl CellSync {
         );
         // Not ready until the first lists complete (bump_readiness clears it).
         health.set(&format!("cell {}", settings.location), "initial list pending");
+        let depth = LocationLabels {
+            location: settings.location.clone(),
+        };
+        let queue = Arc::new(WorkQueue::with_depth(metrics.queue_depth.get_or_create(&depth).clone()));
         let this = Self {
             field_manager: format!("replicator-{}", settings.location),
             settings,
@@ -392,7 +396,7 @@ impl CellSync {
             hub_health,
             namespaces: namespaces.as_reader(),
             namespaces_listed: AtomicBool::new(false),
-            queue: Arc::new(WorkQueue::new()),
+            queue,
             first_seen: Mutex::default(),
             attempts: Mutex::default(),
             reported: Mutex::default(),

@@ -508,6 +508,7 @@ pub async fn run(args: MembershipArgs) -> anyhow::Result<()> {
     let cancel = CancellationToken::new();
     crate::cli::spawn_signal_handler(cancel.clone());
     let mut registry = Registry::default();
+    crate::metrics::register_process(&mut registry);
     let metrics = Metrics::register(&mut registry);
     let registry = Arc::new(registry);
     let health = Health::default();
