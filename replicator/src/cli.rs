@@ -105,7 +105,7 @@ pub struct RunArgs {
     /// Metrics and probe addresses.
     #[command(flatten)]
     pub serve: crate::http::ServeArgs,
-    /// Time between sweeps of copies whose source is gone (jittered ±10 %), e.g. 10m, 30s.
+    /// Time between sweeps of copies whose source is gone (jittered ±10 %), e.g. 10m, 1m30s, 1h.
     #[arg(long, default_value = "10m", value_parser = parse_sweep_interval)]
     pub sweep_interval: Duration,
     /// Most copies one sweep pass deletes.
@@ -248,25 +248,22 @@ pub fn cells(args: &RunArgs) -> anyhow::Result<Vec<(String, Option<PathBuf>, out
         .collect())
 }
 
-/// Parses `90s`, `10m`, `1h`, `500ms` or a bare number of seconds.
+/// Parses a duration as `humantime` does (`90s`, `1m30s`, `10m`, `1h`, `500ms`, `2days`,
+/// `1h 30m`), or a bare number of seconds; at most a year.
 ///
 /// # Errors
-/// A message naming the accepted forms.
+/// A message naming the accepted forms and what is wrong (an unknown unit, a missing one), or
+/// that the duration is longer than a year.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let (number, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or((s, "s"), |i| s.split_at(i));
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 30s, 10m, 1h or 500ms"))?;
     let too_long = || format!("{s:?} is longer than a year");
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(too_long)?),
-        "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(too_long)?),
-        _ => return Err(format!("{s:?} is not a duration like 30s, 10m, 1h or 500ms")),
+    let d = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        Duration::from_secs(s.parse().map_err(|_| too_long())?)
+    } else {
+        humantime::parse_duration(s).map_err(|err| match err {
+            humantime::DurationError::NumberOverflow => too_long(),
+            other => format!("{s:?} is not a duration like 90s, 1m30s, 10m, 1h or 500ms ({other})"),
+        })?
     };
     if d > Duration::from_secs(366 * 24 * 3600) {
         return Err(too_long());
@@ -597,18 +594,64 @@ mod tests {
 
     #[test]
     fn durations_parse_in_the_usual_units() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(2 * 86_400)));
         assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
+        assert_eq!(
+            parse_duration(" 45 "),
+            Ok(Duration::from_secs(45)),
+            "a bare number is seconds"
+        );
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert!(parse_duration("ten minutes").is_err());
-        assert!(parse_duration("5d").is_err());
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        let unknown = parse_duration("5x").unwrap_err();
         assert!(
-            parse_duration("99999999999999999h").is_err(),
+            unknown.starts_with("\"5x\" is not a duration like 90s, 1m30s"),
+            "{unknown}"
+        );
+        assert!(unknown.contains("unknown time unit \"x\""), "{unknown}");
+        assert!(parse_duration("ten minutes").is_err());
+        assert!(parse_duration("").is_err());
+        assert_eq!(parse_duration("400d"), Err("\"400d\" is longer than a year".to_owned()));
+        assert_eq!(
+            parse_duration("99999999999999999999h"),
+            Err("\"99999999999999999999h\" is longer than a year".to_owned()),
             "overflow is an error, not a panic"
         );
+        assert_eq!(
+            parse_duration("99999999999999999999"),
+            Err("\"99999999999999999999\" is longer than a year".to_owned())
+        );
         assert!(parse_sweep_interval("0").is_err());
-        assert!(parse_sweep_interval("500ms").is_err());
+        assert_eq!(
+            parse_sweep_interval("500ms"),
+            Err("--sweep-interval \"500ms\" must be at least 1s".to_owned())
+        );
         assert_eq!(parse_sweep_interval("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_sweep_interval("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(
+            parse_withdraw("dfw=1m30s"),
+            Ok((Some("dfw".into()), Duration::from_secs(90)))
+        );
+        assert_eq!(
+            parse_withdraw("9s"),
+            Err("--withdraw-unreachable-after \"9s\" must be at least 10s".to_owned())
+        );
+        let run = run_args(&[
+            "--location",
+            "dfw",
+            "--lease-duration",
+            "1m",
+            "--sweep-interval",
+            "1h30m",
+        ])
+        .unwrap();
+        assert_eq!(run.lease_duration, Duration::from_secs(60));
+        assert_eq!(run.sweep_interval, Duration::from_secs(5400));
     }
 }
