@@ -50,18 +50,33 @@ pub enum Command {
     Policies {
         /// A location with a cell (repeat for each); each gets a policy carrying its
         /// NetworkContext and Subnet copies to it.
-        #[arg(long = "location", required = true)]
+        #[arg(long = "location", required = true, value_parser = parse_location)]
         locations: Vec<String>,
     },
 }
 
 /// Log output format.
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
-    /// Human-readable lines.
+    /// Human-readable lines, coloured only when stderr is a terminal.
     Text,
-    /// One JSON object per line, span fields (cluster, kind, namespace, name) at the top level.
+    /// One JSON object per line, span fields (cluster, kind, namespace, name) at the top level;
+    /// every line on stderr, the fatal error's included.
     Json,
+}
+
+/// Logging flags of the long-running subcommands.
+#[derive(Clone, Debug, Args)]
+pub struct LogArgs {
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text", env = "REPLICATOR_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// Which log lines are written: a level (off, error, warn, info, debug, trace) or filter
+    /// directives as RUST_LOG takes them, e.g. `replicator=debug,kube=info`. RUST_LOG sets the
+    /// same; this flag wins when both are given. Without either:
+    /// `info,kube_runtime=warn,kube_client=warn,kube_client::client::builder=off`.
+    #[arg(long, value_name = "LEVEL|DIRECTIVES", value_parser = crate::logging::parse_log_filter)]
+    pub log_level: Option<String>,
 }
 
 /// Default `--workers`: concurrent hub writers per cell. A copy write takes 1.4 hub requests in
@@ -80,7 +95,8 @@ pub struct RunArgs {
         long,
         env = "REPLICATOR_LOCATION",
         required_unless_present = "cells",
-        conflicts_with = "cells"
+        conflicts_with = "cells",
+        value_parser = parse_location
     )]
     pub location: Option<String>,
     /// Kubeconfig of the cell; the in-cluster service account when absent.
@@ -139,9 +155,9 @@ pub struct RunArgs {
     /// through any outage.
     #[arg(long, value_name = "[LOCATION=]DURATION", value_parser = parse_withdraw)]
     pub withdraw_unreachable_after: Vec<(Option<String>, Duration)>,
-    /// Log format.
-    #[arg(long, value_enum, default_value = "text", env = "REPLICATOR_LOG_FORMAT")]
-    pub log_format: LogFormat,
+    /// Logging.
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// One `--cell LOCATION=KUBECONFIG`.
@@ -151,6 +167,20 @@ pub struct CellArg {
     pub location: String,
     /// Its kubeconfig.
     pub kubeconfig: PathBuf,
+}
+
+/// Checks a location: a DNS label (the copy name suffix and a label value).
+///
+/// # Errors
+/// A message saying what a DNS label is.
+pub fn parse_location(s: &str) -> Result<String, String> {
+    if rules::is_dns_label(s) {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?} is not a DNS label (lowercase letters, digits, '-', at most 63)"
+        ))
+    }
 }
 
 /// Parses `LOCATION=KUBECONFIG`.
@@ -284,25 +314,98 @@ pub fn parse_sweep_interval(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// The log filter without `RUST_LOG`. kube's HTTP trace layer (`kube_client::client::builder`)
-/// logs an ERROR line for every request that gets no answer, one per retry of every watch:
-/// the replicator reports an unreachable hub or cell once per change instead
-/// (`HubHealth::monitor`, the cell probe of `outage`).
-pub const DEFAULT_LOG_FILTER: &str = "info,kube_runtime=warn,kube_client=warn,kube_client::client::builder=off";
+/// Initialises logging from `args` and `RUST_LOG` (see [`crate::logging`]); an invalid
+/// `RUST_LOG` that was not overridden is reported as a warning once logging is up.
+///
+/// # Errors
+/// A subscriber already installed.
+pub fn init_logging(args: &LogArgs) -> anyhow::Result<()> {
+    let env = std::env::var("RUST_LOG").ok();
+    let choice = crate::logging::choose_filter(args.log_level.as_deref(), env.as_deref());
+    crate::logging::init(args.log_format, &choice.directives).map_err(anyhow::Error::msg)?;
+    if let Some(why) = choice.ignored_env {
+        tracing::warn!(filter = %choice.directives, "{why}: using the default filter");
+    }
+    Ok(())
+}
 
-/// Installs the tracing subscriber (`RUST_LOG` filters, default [`DEFAULT_LOG_FILTER`]).
-pub fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder
-            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
-            .event_format(crate::logging::FlatJson)
-            .init(),
+/// Checks the flag combinations of `replicator run` that clap cannot: each location once, a
+/// `--withdraw-unreachable-after` location served, the Lease timing.
+///
+/// # Errors
+/// The message of the first that fails, for [`usage_error`].
+pub fn check(args: &RunArgs) -> Result<(), String> {
+    cells(args).map_err(|err| format!("{err:#}"))?;
+    if args.leader_elect {
+        election::check_timing(args.lease_duration, args.lease_grace)?;
+    }
+    Ok(())
+}
+
+/// A usage error of `subcommand` with `message`, as clap reports its own: the message, the
+/// subcommand's usage line and a hint to `--help`, exit status 2.
+pub fn usage_error(subcommand: &str, message: impl std::fmt::Display) -> clap::Error {
+    use clap::CommandFactory;
+    let mut command = Cli::command();
+    command.build();
+    match command.find_subcommand_mut(subcommand) {
+        Some(sub) => sub.error(clap::error::ErrorKind::ValueValidation, message),
+        None => command.error(clap::error::ErrorKind::ValueValidation, message),
+    }
+}
+
+/// Exit status of a run that failed after its flags were accepted.
+pub const EXIT_FAILURE: u8 = 1;
+/// Exit status of a usage error: a bad flag, flag value or combination of flags (clap's own).
+pub const EXIT_USAGE: u8 = 2;
+
+/// How a command ended, for its exit status ([`Outcome::exit_code`]).
+#[derive(Debug)]
+pub enum Outcome {
+    /// Done: exit status 0.
+    Success,
+    /// The command line was refused ([`EXIT_USAGE`]), or `--help`/`--version` was asked for
+    /// (0): clap's error, printed as clap prints it.
+    Usage(clap::Error),
+    /// The command failed while running ([`EXIT_FAILURE`]), reported once by
+    /// [`crate::logging::fatal`] as `<command> failed`.
+    Failure {
+        /// The command, e.g. `replicator run`.
+        command: &'static str,
+        /// What failed, with its causes.
+        error: anyhow::Error,
+    },
+}
+
+impl Outcome {
+    /// The outcome of `command` returning `result`.
+    pub fn of(command: &'static str, result: anyhow::Result<()>) -> Self {
+        match result {
+            Ok(()) => Self::Success,
+            Err(error) => Self::Failure { command, error },
+        }
+    }
+
+    /// The process exit status: 0 on success (and for `--help`, `--version`), [`EXIT_USAGE`] for
+    /// a usage error, [`EXIT_FAILURE`] for a runtime failure.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Success => 0,
+            Self::Usage(err) => u8::try_from(err.exit_code()).unwrap_or(EXIT_USAGE),
+            Self::Failure { .. } => EXIT_FAILURE,
+        }
+    }
+
+    /// Reports the outcome once, on stderr: clap's text for a usage error (help and version on
+    /// stdout), the fatal line for a failure (JSON under `--log-format json`).
+    pub fn report(&self) {
+        match self {
+            Self::Success => {}
+            Self::Usage(err) => {
+                let _ = err.print();
+            }
+            Self::Failure { command, error } => crate::logging::fatal(command, error),
+        }
     }
 }
 
@@ -587,8 +690,116 @@ mod tests {
         assert!(cells(&twice).unwrap_err().to_string().contains("twice"));
         let stray = run_args(&["--cell", "dfw=/a", "--withdraw-unreachable-after", "ord=1m"])?;
         assert!(cells(&stray).unwrap_err().to_string().contains("does not serve"));
-        let upper = run_args(&["--location", "DFW"])?;
-        assert!(cells(&upper).is_err());
+        let upper = run_args(&["--location", "DFW_1"]).unwrap_err();
+        assert_eq!(upper.kind(), clap::error::ErrorKind::ValueValidation);
+        assert!(
+            upper
+                .to_string()
+                .contains(r#"invalid value 'DFW_1' for '--location <LOCATION>': "DFW_1" is not a DNS label"#),
+            "{upper}"
+        );
+        assert_eq!(parse_location("dfw-2"), Ok("dfw-2".to_owned()));
+        assert!(parse_location(&"a".repeat(64)).is_err());
+        let policies = Cli::try_parse_from(["replicator", "policies", "--location", "dfw", "--location", "Sjc"]);
+        assert_eq!(
+            policies.map(|_| ()).unwrap_err().kind(),
+            clap::error::ErrorKind::ValueValidation
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn usage_errors_exit_2_and_failures_exit_1() -> anyhow::Result<()> {
+        let usage = |argv: &[&str]| match Cli::try_parse_from(argv) {
+            Err(err) => Outcome::Usage(err),
+            Ok(cli) => panic!("{argv:?} parsed: {cli:?}"),
+        };
+        let bad_value = usage(&["replicator", "run", "--hub-kubeconfig", "/h", "--location", "DFW_1"]);
+        assert_eq!(bad_value.exit_code(), 2);
+        assert_eq!(
+            usage(&["replicator", "run", "--location", "dfw"]).exit_code(),
+            2,
+            "missing flag"
+        );
+        assert_eq!(usage(&["replicator", "run", "--bogus"]).exit_code(), 2, "unknown flag");
+        assert_eq!(
+            usage(&[
+                "replicator",
+                "run",
+                "--hub-kubeconfig",
+                "/h",
+                "--location",
+                "dfw",
+                "--lease-duration",
+                "5x"
+            ])
+            .exit_code(),
+            2
+        );
+        assert_eq!(usage(&["replicator", "--help"]).exit_code(), 0);
+        assert_eq!(usage(&["replicator", "--version"]).exit_code(), 0);
+
+        // Combinations clap cannot check are usage errors too, with the subcommand's usage.
+        let twice = run_args(&["--cell", "dfw=/a", "--cell", "dfw=/b"])?;
+        let message = check(&twice).unwrap_err();
+        assert_eq!(message, "location \"dfw\" is given twice: each location is one cell");
+        let err = usage_error("run", message);
+        let text = err.to_string();
+        assert_eq!(Outcome::Usage(err).exit_code(), EXIT_USAGE);
+        assert!(text.starts_with("error: location \"dfw\" is given twice"), "{text}");
+        assert!(text.contains("Usage: replicator run [OPTIONS]"), "{text}");
+        let timing = run_args(&["--location", "dfw", "--lease-duration", "5s", "--lease-grace", "5s"])?;
+        assert_eq!(
+            check(&timing),
+            Err("--lease-grace (5s) must be shorter than --lease-duration (5s)".to_owned())
+        );
+        assert_eq!(check(&run_args(&["--location", "dfw"])?), Ok(()));
+
+        let failed = Outcome::of("replicator run", Err(anyhow::anyhow!("hub unreachable")));
+        assert_eq!(failed.exit_code(), EXIT_FAILURE);
+        assert_eq!(EXIT_FAILURE, 1);
+        assert_eq!(Outcome::of("replicator run", Ok(())).exit_code(), 0);
+        Ok(())
+    }
+
+    #[test]
+    fn the_log_level_flag_takes_a_level_or_directives() -> anyhow::Result<()> {
+        let plain = run_args(&["--location", "dfw"])?;
+        assert_eq!(plain.log.log_level, None);
+        assert_eq!(plain.log.log_format, LogFormat::Text);
+        let debug = run_args(&["--location", "dfw", "--log-level", "debug", "--log-format", "json"])?;
+        assert_eq!(debug.log.log_level.as_deref(), Some("debug"));
+        assert_eq!(debug.log.log_format, LogFormat::Json);
+        let directives = run_args(&["--location", "dfw", "--log-level", "replicator=debug,kube=info"])?;
+        assert_eq!(directives.log.log_level.as_deref(), Some("replicator=debug,kube=info"));
+        let bad = run_args(&["--location", "dfw", "--log-level", "loud"]).unwrap_err();
+        assert_eq!(bad.kind(), clap::error::ErrorKind::ValueValidation);
+        let membership = Cli::try_parse_from([
+            "replicator",
+            "membership",
+            "--hub-kubeconfig",
+            "/h",
+            "--log-level",
+            "warn",
+        ])?;
+        match membership.command {
+            Command::Membership(args) => assert_eq!(args.log.log_level.as_deref(), Some("warn")),
+            other => panic!("{other:?}"),
+        }
+        let mut help = Vec::new();
+        {
+            use clap::CommandFactory;
+            let mut command = Cli::command();
+            command.build();
+            let run = command.find_subcommand_mut("run").unwrap();
+            run.write_long_help(&mut help)?;
+        }
+        let help = String::from_utf8(help)?;
+        assert!(help.contains("--log-level <LEVEL|DIRECTIVES>"), "{help}");
+        assert!(
+            help.contains("RUST_LOG sets the same; this flag wins when both are given"),
+            "{help}"
+        );
         Ok(())
     }
 

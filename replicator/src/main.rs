@@ -1,38 +1,54 @@
 //! The `replicator` binary: see `replicator --help`.
+//!
+//! Exit status: 0 on success, 2 for a usage error (a bad flag, flag value or combination, printed
+//! by clap with the usage), 1 for a failure while running (reported once: a log line, JSON under
+//! `--log-format json`, for `run` and `membership`; `replicator <command>: <error>` otherwise).
+
+use std::process::ExitCode;
 
 use clap::Parser;
-use replicator::cli::{self, Cli, Command};
+use replicator::cli::{self, Cli, Command, Outcome};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
-        Command::Crds => {
-            print!("{}", replicator::api::crds_yaml()?);
-            Ok(())
-        }
-        Command::Policies { locations } => {
-            print!("{}", replicator::policies::render(&locations)?);
-            Ok(())
-        }
-        Command::Status(args) => {
-            // An operator's command: one clear line and exit status 1, never a backtrace.
-            if let Err(err) = replicator::status::run(args).await {
-                eprintln!("replicator status: {err:#}");
-                std::process::exit(1);
-            }
-            Ok(())
-        }
+async fn main() -> ExitCode {
+    let outcome = match Cli::try_parse() {
+        Ok(cli) => dispatch(cli).await,
+        Err(usage) => Outcome::Usage(usage),
+    };
+    outcome.report();
+    ExitCode::from(outcome.exit_code())
+}
+
+async fn dispatch(cli: Cli) -> Outcome {
+    match cli.command {
+        Command::Crds => Outcome::of(
+            "replicator crds",
+            replicator::api::crds_yaml()
+                .map(|yaml| print!("{yaml}"))
+                .map_err(Into::into),
+        ),
+        Command::Policies { locations } => Outcome::of(
+            "replicator policies",
+            replicator::policies::render(&locations)
+                .map(|yaml| print!("{yaml}"))
+                .map_err(Into::into),
+        ),
+        // An operator's command: one clear line and exit status 1, never a backtrace.
+        Command::Status(args) => Outcome::of("replicator status", replicator::status::run(args).await),
         Command::Membership(args) => {
-            cli::init_tracing(args.log_format);
-            replicator::membership::run(args)
-                .await
-                .inspect_err(|err| tracing::error!(error = format!("{err:#}"), "replicator membership failed"))
+            if let Err(error) = cli::init_logging(&args.log) {
+                return Outcome::of("replicator membership", Err(error));
+            }
+            Outcome::of("replicator membership", replicator::membership::run(args).await)
         }
         Command::Run(args) => {
-            cli::init_tracing(args.log_format);
-            cli::run(*args)
-                .await
-                .inspect_err(|err| tracing::error!(error = format!("{err:#}"), "replicator failed"))
+            if let Err(message) = cli::check(&args) {
+                return Outcome::Usage(cli::usage_error("run", message));
+            }
+            if let Err(error) = cli::init_logging(&args.log) {
+                return Outcome::of("replicator run", Err(error));
+            }
+            Outcome::of("replicator run", cli::run(*args).await)
         }
     }
 }

@@ -41,7 +41,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     api::{NetworkInterface, NetworkService, NetworkServiceStatus},
-    cli::LogFormat,
     cluster, copy,
     health::Health,
     http,
@@ -73,9 +72,9 @@ pub struct MembershipArgs {
     /// Concurrent service workers.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
-    /// Log format.
-    #[arg(long, value_enum, default_value = "text", env = "REPLICATOR_LOG_FORMAT")]
-    pub log_format: LogFormat,
+    /// Logging.
+    #[command(flatten)]
+    pub log: crate::cli::LogArgs,
 }
 
 /// Labels of per-service gauges (the issue asks for them per service; bounded by services).
