@@ -4,7 +4,8 @@
 //! annotations cross to the copy (allow-lists), which labels are added from fields, which fields
 //! are dropped, which status paths are carried, and when to hold (publish nothing, withdraw
 //! nothing). The five defaults ([`default_rules`]) are built in; a YAML file given with
-//! `--rules` adds rules or overrides defaults by name ([`load`]), so a new kind needs no code.
+//! `--rules` adds rules or overrides defaults by name ([`load`]), so a new kind needs no code. A
+//! default is turned off by its name alone: `{name: networks, enabled: false}`.
 
 use std::{collections::BTreeSet, path::Path};
 
@@ -332,14 +333,91 @@ pub fn default_rules() -> Vec<Rule> {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RulesFile {
-    rules: Vec<Rule>,
+    rules: Vec<FileRule>,
+}
+
+/// A [`Rule`] as the file writes it: `resource` may be left out by an entry that only disables a
+/// default (`{name: networks, enabled: false}`).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FileRule {
+    name: String,
+    #[serde(default)]
+    resource: Option<ResourceKind>,
+    #[serde(default)]
+    source_selector: Option<LabelSelector>,
+    #[serde(default)]
+    labels: KeyAllowList,
+    #[serde(default)]
+    labels_added: Vec<AddedLabel>,
+    #[serde(default)]
+    annotations: KeyAllowList,
+    #[serde(default)]
+    fields_dropped: Vec<FieldPath>,
+    #[serde(default)]
+    status: Vec<FieldPath>,
+    #[serde(default)]
+    hold: Option<Hold>,
+    #[serde(default = "enabled_default")]
+    enabled: bool,
+}
+
+/// What one file entry does to the rule set.
+enum Entry {
+    /// Add this rule, or replace the default of its name.
+    Rule(Box<Rule>),
+    /// Remove the default of this name.
+    Disable(String),
+}
+
+impl FileRule {
+    /// The entry's effect. An entry without `resource` may only disable a default.
+    fn entry(self, defaults: &[String]) -> Result<Entry> {
+        let Some(resource) = self.resource else {
+            let missing = |message: String| Error::Invalid {
+                rule: self.name.clone(),
+                field: "resource",
+                message,
+            };
+            if !defaults.contains(&self.name) {
+                return Err(missing(format!(
+                    "required: {:?} is not a default rule ({}), so the entry must name its resource",
+                    self.name,
+                    defaults.join(", ")
+                )));
+            }
+            if self.enabled {
+                return Err(missing(
+                    "required unless the entry disables the default (`enabled: false`); an override \
+                     repeats the whole rule"
+                        .to_owned(),
+                ));
+            }
+            return Ok(Entry::Disable(self.name));
+        };
+        Ok(Entry::Rule(Box::new(Rule {
+            name: self.name,
+            resource,
+            source_selector: self.source_selector,
+            labels: self.labels,
+            labels_added: self.labels_added,
+            annotations: self.annotations,
+            fields_dropped: self.fields_dropped,
+            status: self.status,
+            hold: self.hold,
+            enabled: self.enabled,
+        })))
+    }
 }
 
 /// The default rules, overridden and extended by the rules file at `path` when given, validated.
+/// A file entry with a default's name replaces that default (the whole rule); one with
+/// `enabled: false` removes it, and needs no `resource` then.
 ///
 /// # Errors
 /// [`Error::Read`] / [`Error::Parse`] for an unreadable or malformed file, [`Error::Invalid`]
-/// naming the rule and field for a rule that fails [`validate`].
+/// naming the rule and field for a rule that fails [`validate`] or an entry without `resource`
+/// that does not disable a default.
 pub fn load(path: Option<&Path>) -> Result<Vec<Rule>> {
     let mut rules = default_rules();
     if let Some(path) = path {
@@ -351,7 +429,13 @@ pub fn load(path: Option<&Path>) -> Result<Vec<Rule>> {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
-        rules = merge(rules, file.rules);
+        let defaults: Vec<String> = rules.iter().map(|r| r.name.clone()).collect();
+        let entries = file
+            .rules
+            .into_iter()
+            .map(|r| r.entry(&defaults))
+            .collect::<Result<Vec<_>>>()?;
+        rules = merge(rules, entries);
     }
     rules.retain(|r| r.enabled);
     for rule in &rules {
@@ -377,12 +461,20 @@ pub fn load(path: Option<&Path>) -> Result<Vec<Rule>> {
     Ok(rules)
 }
 
-/// Overrides `defaults` by name with `overrides` and appends the new ones, keeping order.
-fn merge(mut defaults: Vec<Rule>, overrides: Vec<Rule>) -> Vec<Rule> {
-    for rule in overrides {
-        match defaults.iter_mut().find(|d| d.name == rule.name) {
-            Some(existing) => *existing = rule,
-            None => defaults.push(rule),
+/// Overrides `defaults` by name with the file's rules and appends the new ones, keeping order; a
+/// disabling entry marks the default of its name disabled.
+fn merge(mut defaults: Vec<Rule>, entries: Vec<Entry>) -> Vec<Rule> {
+    for entry in entries {
+        match entry {
+            Entry::Rule(rule) => match defaults.iter_mut().find(|d| d.name == rule.name) {
+                Some(existing) => *existing = *rule,
+                None => defaults.push(*rule),
+            },
+            Entry::Disable(name) => {
+                for rule in defaults.iter_mut().filter(|d| d.name == name) {
+                    rule.enabled = false;
+                }
+            }
         }
     }
     defaults
@@ -573,6 +665,68 @@ rules:
         assert_eq!(vpc.resource.api_version(), "cloud.datumapis.com/v1alpha1");
         assert_eq!(vpc.fields_dropped[0].to_string(), "spec.nodeName");
         assert!(vpc.labels.allows("cloud.datumapis.com/vpc"));
+    }
+
+    fn load_text(tag: &str, text: &str) -> Result<Vec<Rule>> {
+        let dir = std::env::temp_dir().join(format!("replicator-rules-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("rules.yaml");
+        std::fs::write(&file, text).unwrap();
+        load(Some(&file))
+    }
+
+    #[test]
+    fn a_default_is_disabled_by_its_name_alone() {
+        let rules = load_text(
+            "disable",
+            "rules:\n  - {name: networks, enabled: false}\n  - name: endpointslices\n    enabled: false\n",
+        )
+        .unwrap();
+        let names: Vec<_> = rules.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["networkcontexts", "subnets", "networkinterfaces"]);
+        // The others are the defaults, untouched.
+        assert_eq!(rules[2], rule("networkinterfaces"));
+
+        // Disabled, then given again in full further down: the later entry wins, as for overrides.
+        let rules = load_text(
+            "disable-then-override",
+            "rules:\n  - {name: networks, enabled: false}\n  - name: networks\n    resource: {group: networking.datumapis.com, version: v1alpha, kind: Network, plural: networks}\n    labels: {all: true}\n",
+        )
+        .unwrap();
+        let networks = rules.iter().find(|r| r.name == "networks").unwrap();
+        assert!(networks.labels.all);
+    }
+
+    #[test]
+    fn an_entry_without_resource_must_disable_a_default() {
+        let err = load_text("unknown", "rules:\n  - {name: vpcattachments, enabled: false}\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "rule \"vpcattachments\": field resource: required: \"vpcattachments\" is not a default rule \
+             (networks, networkcontexts, subnets, networkinterfaces, endpointslices), so the entry must name its resource"
+        );
+        let err = load_text(
+            "unknown-enabled",
+            "rules:\n  - name: vpcattachments\n    labels: {all: true}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with(
+                "rule \"vpcattachments\": field resource: required: \"vpcattachments\" is not a default rule"
+            ),
+            "{err}"
+        );
+        let err = load_text("partial", "rules:\n  - name: networks\n    labels: {all: true}\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "rule \"networks\": field resource: required unless the entry disables the default (`enabled: false`); \
+             an override repeats the whole rule"
+        );
     }
 
     #[test]
