@@ -1312,6 +1312,7 @@ fn registered_names() -> BTreeSet<String> {
             cluster: "hub",
             verb: "patch",
             resource: "networkinterfaces".into(),
+            code: "200".into(),
         })
         .inc();
     let mut names = exported_names(&replicator::metrics::encode(&registry).unwrap());
