@@ -10,11 +10,12 @@
 //! scenario deployed or made, pass or fail.
 //!
 //! A cell has one `replicator-system`, so one deployment of `replicator run` at a time:
-//! scenarios hold [`exclusive`] while they deploy.
+//! scenarios (and anything else that deploys, like the demo) hold [`exclusive`] while they do.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::fmt::Display;
+use std::fs::{File, OpenOptions};
 use std::future::Future;
 use std::path::{Component, Path, PathBuf};
 use std::process::Stdio;
@@ -24,6 +25,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
 use tokio::io::AsyncWriteExt as _;
 use tokio::process::Command;
 
@@ -50,12 +53,16 @@ pub const HUB_SECRET_KEY: &str = "kubeconfig";
 pub const RUN_SERVICE_ACCOUNT: &str = "replicator";
 /// The hub service account of `replicator membership` (`config/rbac/hub`).
 pub const MEMBERSHIP_SERVICE_ACCOUNT: &str = "replicator-membership";
+/// Every pod of the product (`replicator run` and `replicator membership`).
+pub const PRODUCT_SELECTOR: &str = "app.kubernetes.io/name=replicator";
 /// The pods of `replicator run`.
 pub const CELL_SELECTOR: &str = "app.kubernetes.io/name=replicator,app.kubernetes.io/component=cell";
 /// The pod of `replicator membership`.
 pub const MEMBERSHIP_SELECTOR: &str = "app.kubernetes.io/name=replicator,app.kubernetes.io/component=membership";
 /// The container port of `/metrics` (`--metrics-bind-address=0.0.0.0:8080`).
 pub const METRICS_PORT: u16 = 8080;
+/// The container port of `/healthz` and `/readyz` (`--health-probe-bind-address=0.0.0.0:8081`).
+pub const PROBES_PORT: u16 = 8081;
 /// The image the manifests name, which every overlay here replaces with the local one.
 pub const PLACEHOLDER_IMAGE: &str = "ghcr.io/datum-cloud/replicator";
 /// The lifetime of the hub tokens put in the Secrets (as the README's example).
@@ -66,13 +73,66 @@ const NAMESPACE_GONE: Duration = Duration::from_secs(120);
 /// How long a terminating leftover `replicator-system` is waited for before a scenario starts.
 const LEFTOVER_GONE: Duration = Duration::from_secs(120);
 
-/// Serialises the scenarios that deploy into the cells (one `replicator-system` per cell).
+/// Serialises the deployments of one process (one `replicator-system` per cell).
 static DEPLOYING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// The file in the state directory whose lock serialises deployments across processes.
+const DEPLOY_LOCK: &str = "deploy.lock";
+/// How long [`exclusive`] waits for another process's deployment to finish.
+const DEPLOY_LOCK_WAIT: Duration = Duration::from_secs(30 * 60);
 
-/// Holds the cells for one scenario's deployments until the guard is dropped (declare it before
-/// the scenario's [`Teardown`], so that the teardown runs first).
-pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
-    DEPLOYING.lock().await
+/// The cells' `replicator-system`, held for one deployment (see [`exclusive`]).
+#[derive(Debug)]
+pub struct Exclusive {
+    _process: tokio::sync::MutexGuard<'static, ()>,
+    _file: Flock<File>,
+}
+
+/// Holds the cells for one scenario's deployments until the guard is dropped: within the
+/// process and, through a lock on `<state>/deploy.lock`, against every other process that takes
+/// it (a test binary, the demo). Declare it before the scenario's [`Teardown`], so that the
+/// teardown runs first.
+///
+/// # Errors
+/// The lock file cannot be opened or locked, or another holder keeps it past
+/// [`DEPLOY_LOCK_WAIT`].
+pub async fn exclusive(env: &Environment) -> Result<Exclusive> {
+    let process = DEPLOYING.lock().await;
+    let path = env.dir().join(DEPLOY_LOCK);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io_context(format!("opening {}", path.display())))?;
+    let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => {
+            return Ok(Exclusive {
+                _process: process,
+                _file: lock,
+            });
+        }
+        Err((file, Errno::EWOULDBLOCK)) => file,
+        Err((_, errno)) => return Err(io_context(format!("locking {}", path.display()))(errno.into())),
+    };
+    eprintln!(
+        "another process deploys into the cells ({} is locked); waiting",
+        path.display()
+    );
+    let blocking = tokio::task::spawn_blocking(move || Flock::lock(file, FlockArg::LockExclusive));
+    match tokio::time::timeout(DEPLOY_LOCK_WAIT, blocking).await {
+        Ok(Ok(Ok(lock))) => Ok(Exclusive {
+            _process: process,
+            _file: lock,
+        }),
+        Ok(Ok(Err((_, errno)))) => Err(io_context(format!("locking {}", path.display()))(errno.into())),
+        Ok(Err(join)) => Err(io_context(format!("locking {}", path.display()))(
+            std::io::Error::other(join),
+        )),
+        Err(_) => Err(Error::Scenario(format!(
+            "{} stayed locked for {DEPLOY_LOCK_WAIT:?}",
+            path.display()
+        ))),
+    }
 }
 
 /// What an overlay builds on.
@@ -320,25 +380,40 @@ pub async fn routed_namespace(env: &Environment, clusters: &[Cluster], name: &st
     Ok(())
 }
 
-/// Fails unless `cell` has no `replicator-system` (a terminating one is waited for): a scenario
-/// never deploys over somebody else's deployment, nor removes it.
+/// Fails unless `cell` has no `replicator-system` and no pod of the product left in it (a
+/// terminating namespace is waited for): a scenario never deploys over somebody else's
+/// deployment, nor removes it.
 ///
 /// # Errors
-/// [`Error::Scenario`] naming what is in the way, or a timeout.
+/// [`Error::Aborted`] naming what is in the way, or a timeout.
 pub async fn require_free(env: &Environment, cell: Cluster) -> Result<()> {
-    let api = Api::<Namespace>::all(env.client(cell).await?);
+    let client = env.client(cell).await?;
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let kubeconfig = env.kubeconfig_path(cell);
     let what = format!("{cell} to have no namespace {SYSTEM_NAMESPACE}");
     wait::until_observed(LEFTOVER_GONE, &what, || {
-        let api = api.clone();
+        let (namespaces, client, kubeconfig) = (namespaces.clone(), client.clone(), &kubeconfig);
         async move {
-            Ok::<_, kube::Error>(match api.get_opt(SYSTEM_NAMESPACE).await? {
-                None => Check::Ready(()),
-                Some(ns) if ns.metadata.deletion_timestamp.is_some() => Check::NotYet("terminating".to_owned()),
+            let pods = pods(&client, PRODUCT_SELECTOR).await?;
+            Ok::<_, Error>(match namespaces.get_opt(SYSTEM_NAMESPACE).await? {
+                None if pods.is_empty() => Check::Ready(()),
+                // The namespace was removed without its controller (its finalizer forced): the
+                // kubelet cannot report on these pods any more, so they stay forever.
+                None => Check::Abort(format!(
+                    "pods are left in the removed namespace {SYSTEM_NAMESPACE}: {}; remove them: kubectl \
+                     --kubeconfig {} -n {SYSTEM_NAMESPACE} delete pod --all --force --grace-period=0",
+                    describe_pods(&pods),
+                    kubeconfig.display()
+                )),
+                Some(ns) if ns.metadata.deletion_timestamp.is_some() => {
+                    Check::NotYet(format!("terminating; {}", describe_pods(&pods)))
+                }
                 Some(_) => Check::Abort(format!(
                     "{cell} already runs something in {SYSTEM_NAMESPACE} (a deployment this scenario did not \
-                     make); remove it first: kubectl --kubeconfig {} delete namespace {SYSTEM_NAMESPACE}, and \
-                     the ClusterRole and ClusterRoleBinding replicator-cell",
-                    env.kubeconfig_path(cell).display()
+                     make: {}); remove it first: kubectl --kubeconfig {} delete namespace {SYSTEM_NAMESPACE}, \
+                     and ClusterRole and ClusterRoleBinding replicator-cell",
+                    describe_pods(&pods),
+                    kubeconfig.display()
                 )),
             })
         }
@@ -544,6 +619,16 @@ pub async fn scrape_metrics(pod: &Pod) -> Result<String> {
     }
 }
 
+/// `GET http://<pod IP>:8081/readyz` from the host: the status and the body (the problems that
+/// keep the pod unready).
+///
+/// # Errors
+/// The pod has no IP yet, or the request fails.
+pub async fn readyz(pod: &Pod) -> Result<(u16, String)> {
+    let ip = pod_ip(pod).ok_or_else(|| Error::Scenario(format!("pod {} has no IP yet", pod.name_any())))?;
+    http_get(&format!("http://{ip}:{PROBES_PORT}/readyz")).await
+}
+
 /// `kubectl -n replicator-system logs <pod>` in `cell` (`--previous`: the container before its
 /// last restart).
 ///
@@ -717,6 +802,8 @@ impl Teardown {
                 Err(error) => note(Err(io_context(format!("removing {}", path.display()))(error))),
             }
         }
+        // The overlays' parent goes too once empty (nothing else writes there).
+        let _ = std::fs::remove_dir(deploy_dir());
         first.map_or(Ok(()), Err)
     }
 
