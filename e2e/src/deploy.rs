@@ -380,9 +380,14 @@ pub async fn routed_namespace(env: &Environment, clusters: &[Cluster], name: &st
     Ok(())
 }
 
-/// Fails unless `cell` has no `replicator-system` and no pod of the product left in it (a
-/// terminating namespace is waited for): a scenario never deploys over somebody else's
-/// deployment, nor removes it.
+/// Fails unless `cell` has no `replicator-system` (a terminating one is waited for): a scenario
+/// never deploys over somebody else's deployment, nor removes it.
+///
+/// Objects left in etcd under a `replicator-system` that is gone (its finalizer was forced
+/// instead of its controller emptying it) would reappear in the next one, a Secret among them;
+/// pods among them stay forever, since their kubelet cannot report on them. Such leftovers are
+/// removed the regular way first: the namespace is made again and deleted, and its controller
+/// empties it.
 ///
 /// # Errors
 /// [`Error::Aborted`] naming what is in the way, or a timeout.
@@ -391,20 +396,12 @@ pub async fn require_free(env: &Environment, cell: Cluster) -> Result<()> {
     let namespaces = Api::<Namespace>::all(client.clone());
     let kubeconfig = env.kubeconfig_path(cell);
     let what = format!("{cell} to have no namespace {SYSTEM_NAMESPACE}");
-    wait::until_observed(LEFTOVER_GONE, &what, || {
+    let free = || {
         let (namespaces, client, kubeconfig) = (namespaces.clone(), client.clone(), &kubeconfig);
         async move {
             let pods = pods(&client, PRODUCT_SELECTOR).await?;
             Ok::<_, Error>(match namespaces.get_opt(SYSTEM_NAMESPACE).await? {
-                None if pods.is_empty() => Check::Ready(()),
-                // The namespace was removed without its controller (its finalizer forced): the
-                // kubelet cannot report on these pods any more, so they stay forever.
-                None => Check::Abort(format!(
-                    "pods are left in the removed namespace {SYSTEM_NAMESPACE}: {}; remove them: kubectl \
-                     --kubeconfig {} -n {SYSTEM_NAMESPACE} delete pod --all --force --grace-period=0",
-                    describe_pods(&pods),
-                    kubeconfig.display()
-                )),
+                None => Check::Ready(()),
                 Some(ns) if ns.metadata.deletion_timestamp.is_some() => {
                     Check::NotYet(format!("terminating; {}", describe_pods(&pods)))
                 }
@@ -417,9 +414,51 @@ pub async fn require_free(env: &Environment, cell: Cluster) -> Result<()> {
                 )),
             })
         }
-    })
-    .await
+    };
+    wait::until_observed(LEFTOVER_GONE, &what, free).await?;
+    let orphans = env
+        .kubectl_ok(
+            cell,
+            [
+                "-n",
+                SYSTEM_NAMESPACE,
+                "get",
+                ORPHAN_KINDS,
+                "-o",
+                "name",
+                "--ignore-not-found",
+            ],
+        )
+        .await?;
+    let orphans: Vec<&str> = orphans.lines().filter(|l| !l.trim().is_empty()).collect();
+    if !orphans.is_empty() {
+        eprintln!(
+            "{cell}: objects left under the removed namespace {SYSTEM_NAMESPACE} ({}); making it again and \
+             deleting it, so that its controller removes them",
+            orphans.join(", ")
+        );
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(SYSTEM_NAMESPACE.to_owned()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        match namespaces.create(&PostParams::default(), &namespace).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        delete_namespace(env, cell, SYSTEM_NAMESPACE).await?;
+        wait_namespace_gone(env, cell, SYSTEM_NAMESPACE).await?;
+    }
+    Ok(())
 }
+
+/// The kinds a deployment makes in `replicator-system`, and what its pods add, looked for by
+/// [`require_free`].
+const ORPHAN_KINDS: &str =
+    "pods,secrets,configmaps,serviceaccounts,deployments.apps,replicasets.apps,services,poddisruptionbudgets.policy";
 
 /// The pods of `selector` in `replicator-system`, by name.
 ///
