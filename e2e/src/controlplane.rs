@@ -206,7 +206,12 @@ impl Environment {
         if let Some(env) = Environment::reusable(&dir).await? {
             tracing::info!(dir = %dir.display(), "environment already up; reusing it");
             env.install_crds_if_changed().await?;
-            env.ensure_lease_namespace().await?;
+            // A scenario may have removed the hub's replicator-system (the manifest check does);
+            // applying config/rbac/hub on every reuse would cost each scenario a kubectl run.
+            let namespaces = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client(Cluster::Hub).await?);
+            if namespaces.get_opt(LEASE_NAMESPACE).await?.is_none() {
+                env.ensure_lease_namespace().await?;
+            }
             return Ok(env);
         }
         match Environment::start_fresh(&dir).await {

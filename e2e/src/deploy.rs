@@ -143,18 +143,13 @@ pub enum Base<'a> {
     /// A location of one's own, made from `config/cell` the way a user adds one: the base plus
     /// `configMapGenerator` `replicator-location` with `behavior: replace`.
     NewLocation(&'a str),
-    /// `config/hub` (`replicator membership`), mounting Secret `secret` instead of
-    /// [`HUB_SECRET`] (so that it can share a namespace with `replicator run`; see
-    /// [`MEMBERSHIP_SECRET`]).
-    Membership {
-        /// The Secret the Deployment mounts.
-        secret: &'a str,
-    },
+    /// `config/hub` (`replicator membership`), as shipped: it mounts [`MEMBERSHIP_SECRET`].
+    Membership,
 }
 
-/// The Secret the membership Deployment mounts when it shares a cell's `replicator-system` with
-/// `replicator run`: both shipped Deployments mount [`HUB_SECRET`], which can hold only one of
-/// the two hub identities.
+/// The Secret `config/hub` mounts: its own name, so that `replicator membership` can share a
+/// cell's `replicator-system` (the hub's host cluster may be a cell) with `replicator run`,
+/// whose [`HUB_SECRET`] holds another identity.
 pub const MEMBERSHIP_SECRET: &str = "karmada-hub-kubeconfig-membership";
 
 /// `<target>/deploy`: the overlays and hub kubeconfigs the scenarios write.
@@ -191,7 +186,7 @@ pub fn overlay_text(dir: &Path, base: Base<'_>, image: &str) -> Result<String> {
     let target = match base {
         Base::Overlay(location) => config.join("overlays").join(location),
         Base::NewLocation(_) => config.join("cell"),
-        Base::Membership { .. } => config.join("hub"),
+        Base::Membership => config.join("hub"),
     };
     let mut text = format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {}\n\
@@ -203,10 +198,7 @@ pub fn overlay_text(dir: &Path, base: Base<'_>, image: &str) -> Result<String> {
         Base::NewLocation(location) => text.push_str(&format!(
             "configMapGenerator:\n- name: replicator-location\n  behavior: replace\n  literals:\n  - location={location}\n"
         )),
-        Base::Membership { secret } => text.push_str(&format!(
-            "patches:\n- target:\n    kind: Deployment\n    name: {MEMBERSHIP_DEPLOYMENT}\n  patch: |-\n    \
-             - op: replace\n      path: /spec/template/spec/volumes/0/secret/secretName\n      value: {secret}\n"
-        )),
+        Base::Membership => {}
     }
     Ok(text)
 }
@@ -937,6 +929,38 @@ fn resource_of(kind: &str) -> Option<kube::discovery::ApiResource> {
         .find(|r| r.kind == kind)
 }
 
+/// Removes deployments as a user does: `kubectl delete -k` of each applied kustomization, then
+/// waits until each cell's `replicator-system` is gone (its namespace controller deletes the
+/// pods, which release their Leases).
+///
+/// # Errors
+/// A failed kubectl or API call, or a namespace not gone in time.
+pub async fn undeploy(env: &Environment, applied: &[(Cluster, PathBuf)]) -> Result<()> {
+    for (cluster, dir) in applied.iter().rev() {
+        env.kubectl_ok(
+            *cluster,
+            [
+                OsString::from("delete"),
+                "--ignore-not-found".into(),
+                "--wait=false".into(),
+                "-k".into(),
+                dir.as_os_str().to_owned(),
+            ],
+        )
+        .await?;
+    }
+    let cells: BTreeSet<Cluster> = applied
+        .iter()
+        .map(|(cluster, _)| *cluster)
+        .filter(|c| c.is_cell())
+        .collect();
+    for cell in cells {
+        delete_namespace(env, cell, SYSTEM_NAMESPACE).await?;
+        wait_namespace_gone(env, cell, SYSTEM_NAMESPACE).await?;
+    }
+    Ok(())
+}
+
 async fn delete_namespace(env: &Environment, cluster: Cluster, name: &str) -> Result<()> {
     let api = Api::<Namespace>::all(env.client(cluster).await?);
     match api.delete(name, &DeleteParams::default()).await {
@@ -991,9 +1015,9 @@ mod tests {
              images:\n- name: ghcr.io/datum-cloud/replicator\n  newName: localhost/replicator\n  newTag: \"0123abcd\"\n\
              configMapGenerator:\n- name: replicator-location\n  behavior: replace\n  literals:\n  - location=loc-1\n"
         );
-        let text = overlay_text(&dir, Base::Membership { secret: "s" }, "localhost:5000/r:1")?;
+        let text = overlay_text(&dir, Base::Membership, "localhost:5000/r:1")?;
         assert!(text.contains("newName: localhost:5000/r\n"), "{text}");
-        assert!(text.contains("value: s\n"), "{text}");
+        assert!(text.contains("- ../../../config/hub\n"), "{text}");
         assert!(overlay_text(&dir, Base::Overlay("dfw"), "localhost:5000/r").is_err());
         Ok(())
     }

@@ -1039,13 +1039,7 @@ async fn readme_deploy_both_cells_and_membership() -> TestResult {
     // then per cell the CRDs, the overlay and the Secret it mounts.
     deploy::apply(&env, HUB, &deploy::config_dir("crds")).await?;
     deploy::apply_hub_rbac(&env).await?;
-    let membership = deploy::write_overlay(
-        "membership",
-        Base::Membership {
-            secret: MEMBERSHIP_SECRET,
-        },
-        &image,
-    )?;
+    let membership = deploy::write_overlay("membership", Base::Membership, &image)?;
     teardown.path(&membership);
     teardown.applied(CELL_B, &membership);
     deploy::apply(&env, CELL_B, &membership).await?;

@@ -454,15 +454,21 @@ fn check_deployment<'a>(deployment: &'a Value, subcommand: &str) -> &'a Value {
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(c["readinessProbe"]["httpGet"]["port"], "probes");
 
-    // The hub kubeconfig: Secret karmada-hub-kubeconfig, key kubeconfig, at the path the flag
-    // names, and not optional, so the pod waits for the Secret (seed 000).
+    // The hub kubeconfig: Secret karmada-hub-kubeconfig (membership's: karmada-hub-kubeconfig-
+    // membership, so that both can share a namespace), key kubeconfig, at the path the flag names,
+    // and not optional, so the pod waits for the Secret (seed 000).
+    let secret_name = if subcommand == "membership" {
+        "karmada-hub-kubeconfig-membership"
+    } else {
+        "karmada-hub-kubeconfig"
+    };
     let hub_kubeconfig = arg_value(&args, "--hub-kubeconfig").expect("--hub-kubeconfig");
     assert_eq!(hub_kubeconfig, "/etc/karmada-hub/kubeconfig");
     let volumes = pod["volumes"].as_array().unwrap();
     let volume = volumes
         .iter()
-        .find(|v| v["secret"]["secretName"] == "karmada-hub-kubeconfig")
-        .unwrap_or_else(|| panic!("{name}: no volume of Secret karmada-hub-kubeconfig"));
+        .find(|v| v["secret"]["secretName"] == secret_name)
+        .unwrap_or_else(|| panic!("{name}: no volume of Secret {secret_name}"));
     assert!(
         volume["secret"].get("optional").is_none(),
         "{name}: the hub kubeconfig Secret must not be optional: {volume}"
@@ -1654,9 +1660,9 @@ fn kustomization_dir(dir: &str) -> OsString {
 
 /// Removes what [`every_manifest_applies_for_real_as_the_readme_says`] applied (never the CRDs,
 /// which the harness installed first and every scenario needs): `kubectl delete -k` of each
-/// kustomization, then, in the cells, the namespace's `kubernetes` finalizer (the cells run no
-/// namespace controller, so nothing else would ever finish the deletion); on the hub the
-/// namespace controller does it. Returns once every namespace is gone.
+/// kustomization; each cluster's namespace controller empties and removes the namespaces (never
+/// a forced finalizer: that would leave the namespace's objects in etcd, and the next
+/// `replicator-system` would find them). Returns once every namespace is gone.
 async fn remove_deployed(env: &Environment) -> Result<(), replicator_e2e::Error> {
     for (dir, cluster) in DEPLOYED {
         if dir == "crds" {
@@ -1673,18 +1679,6 @@ async fn remove_deployed(env: &Environment) -> Result<(), replicator_e2e::Error>
             ],
         )
         .await?;
-    }
-    for cluster in [CELL_A, CELL_B] {
-        let api = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client(cluster).await?);
-        if let Some(mut ns) = api.get_opt(SYSTEM_NAMESPACE).await?
-            && ns.metadata.deletion_timestamp.is_some()
-        {
-            ns.spec = Some(k8s_openapi::api::core::v1::NamespaceSpec {
-                finalizers: Some(vec![]),
-            });
-            api.replace_subresource("finalize", SYSTEM_NAMESPACE, &PostParams::default(), &ns)
-                .await?;
-        }
     }
     for cluster in [HUB, CELL_A, CELL_B] {
         let api = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client(cluster).await?);
@@ -1796,15 +1790,15 @@ async fn every_manifest_applies_for_real_as_the_readme_says() -> TestResult {
         );
     }
     // The hub kubeconfig Secrets the README asks for, with tokens of the applied accounts.
-    let secret = |kubeconfig: &Path| {
+    let secret = |name: &str, kubeconfig: &Path| {
         json!({"apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "karmada-hub-kubeconfig", "namespace": SYSTEM_NAMESPACE},
+            "metadata": {"name": name, "namespace": SYSTEM_NAMESPACE},
             "stringData": {"kubeconfig": std::fs::read_to_string(kubeconfig).unwrap()}})
     };
     let secret_resource = kube::discovery::ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&());
-    for (sa, clusters) in [
-        ("replicator", vec![CELL_A, CELL_B]),
-        ("replicator-membership", vec![HUB]),
+    for (sa, secret_name, clusters) in [
+        ("replicator", "karmada-hub-kubeconfig", vec![CELL_A, CELL_B]),
+        ("replicator-membership", "karmada-hub-kubeconfig-membership", vec![HUB]),
     ] {
         let token = env.service_account_token(HUB, SYSTEM_NAMESPACE, sa, "1h").await?;
         let kubeconfig = scratch.path(&format!("{sa}.kubeconfig"));
@@ -1827,7 +1821,12 @@ async fn every_manifest_applies_for_real_as_the_readme_says() -> TestResult {
             "{whoami}"
         );
         for cluster in clusters {
-            fixtures::apply(&env.client(cluster).await?, &secret_resource, &secret(&kubeconfig)).await?;
+            fixtures::apply(
+                &env.client(cluster).await?,
+                &secret_resource,
+                &secret(secret_name, &kubeconfig),
+            )
+            .await?;
         }
     }
 

@@ -147,6 +147,12 @@ async fn main() -> anyhow::Result<()> {
     let cells = [(CELL_A, "dfw"), (CELL_B, "sjc")];
     let mut replicators = Vec::new();
     let mut membership = None;
+    // Serialised with the deployed scenarios (they share each cell's replicator-system).
+    let _exclusive = if env.has_nodes().await {
+        Some(deploy::exclusive(&env).await?)
+    } else {
+        None
+    };
     let pods = if env.has_nodes().await {
         Some(deploy_as_pods(&env, &cells).await?)
     } else {
@@ -383,13 +389,11 @@ async fn main() -> anyhow::Result<()> {
         env.kubeconfig_path(HUB).display()
     );
     if let Some(pods) = &pods {
-        for (cell, dir) in &pods.applied {
-            println!(
-                "  remove the Deployment: kubectl --kubeconfig {} delete -k {}",
-                env.kubeconfig_path(*cell).display(),
-                dir.display()
-            );
-        }
+        println!(
+            "\n== removing the Deployments (kubectl delete -k, as a user would), so that the scenarios find the cells free"
+        );
+        deploy::undeploy(&env, &pods.applied).await?;
+        println!("   done: the copies stay on the hub until a replicator of their location sweeps them");
     }
     println!("Stop the environment: target/debug/replicator-env down");
     for mut r in replicators {
@@ -466,13 +470,7 @@ async fn deploy_as_pods(env: &Environment, cells: &[(Cluster, &'static str)]) ->
         );
         applied.push((*cell, dir));
     }
-    let dir = deploy::write_overlay(
-        "demo-membership",
-        deploy::Base::Membership {
-            secret: deploy::MEMBERSHIP_SECRET,
-        },
-        &images.replicator,
-    )?;
+    let dir = deploy::write_overlay("demo-membership", deploy::Base::Membership, &images.replicator)?;
     deploy::apply(env, CELL_B, &dir).await?;
     let kubeconfig = secrets.join("hub-membership.kubeconfig");
     deploy::write_hub_kubeconfig(env, deploy::MEMBERSHIP_SERVICE_ACCOUNT, &kubeconfig).await?;
