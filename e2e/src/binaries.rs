@@ -2,13 +2,12 @@
 //! the Karmada manifests the script copies next to the Karmada binaries.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 
 use serde::{Deserialize, Serialize};
 use tokio::process::Command;
 
-use crate::command::describe;
-use crate::error::{Error, Result, io_context};
+use crate::command::run_streamed;
+use crate::error::{Error, Result};
 use crate::paths;
 
 /// The etcd version the harness runs.
@@ -116,27 +115,15 @@ impl Binaries {
             script = %script.display(),
             "control-plane binaries missing; building them (takes a while on a cold cache)"
         );
-        let mut command = Command::new("bash");
-        command
-            .arg(&script)
-            .env("REPLICATOR_CACHE", &cache)
-            .env("KUBE_VERSION", KUBE_VERSION)
-            .env("ETCD_VERSION", ETCD_VERSION)
-            .env("KARMADA_VERSION", KARMADA_VERSION)
-            .stdin(Stdio::null())
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit());
-        let status = command
-            .status()
-            .await
-            .map_err(io_context(format!("running `{}`", describe(&command))))?;
-        if !status.success() {
-            return Err(Error::CommandFailed {
-                command: describe(&command),
-                status,
-                output: "(its output was streamed above)".to_owned(),
-            });
-        }
+        run_streamed(
+            Command::new("bash")
+                .arg(&script)
+                .env("REPLICATOR_CACHE", &cache)
+                .env("KUBE_VERSION", KUBE_VERSION)
+                .env("ETCD_VERSION", ETCD_VERSION)
+                .env("KARMADA_VERSION", KARMADA_VERSION),
+        )
+        .await?;
         if let Some(path) = binaries.missing().first() {
             return Err(Error::BinaryMissing {
                 path: path.to_path_buf(),

@@ -39,6 +39,28 @@ pub(crate) async fn run(command: &mut Command) -> Result<Output> {
         .map_err(io_context(format!("running `{}`", describe(command))))
 }
 
+/// Runs a command with its output streamed to this process's stdout and stderr (a build script
+/// whose progress a person watches); fails unless it exits successfully.
+pub(crate) async fn run_streamed(command: &mut Command) -> Result<()> {
+    command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::inherit())
+        .stderr(std::process::Stdio::inherit());
+    let status = command
+        .status()
+        .await
+        .map_err(io_context(format!("running `{}`", describe(command))))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(Error::CommandFailed {
+            command: describe(command),
+            status,
+            output: "(its output was streamed above)".to_owned(),
+        })
+    }
+}
+
 /// stderr followed by stdout, lossily decoded, for error messages.
 pub(crate) fn combined_output(output: &Output) -> String {
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -904,7 +904,7 @@ impl Environment {
 
     /// Polls `url` until it answers 200, failing early if the process exits; on failure the
     /// error carries the tail of the component's log.
-    async fn wait_ready(
+    pub(crate) async fn wait_ready(
         &self,
         component: &str,
         process: &ProcessRecord,

@@ -3,11 +3,9 @@
 //! daemon (buildah) and imported into each cell's containerd.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-
 use tokio::process::Command;
 
-use crate::command::describe;
+use crate::command::run_streamed;
 use crate::error::{Error, Result, io_context};
 use crate::paths;
 
@@ -41,25 +39,13 @@ impl Images {
             .join("e2e")
             .join("scripts")
             .join("build-image.sh");
-        let mut command = Command::new("bash");
-        command
-            .arg(&script)
-            .env("REPLICATOR_IMAGES_DIR", &dir)
-            .current_dir(paths::workspace_root())
-            .stdin(Stdio::null())
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit());
-        let status = command
-            .status()
-            .await
-            .map_err(io_context(format!("running `{}`", describe(&command))))?;
-        if !status.success() {
-            return Err(Error::CommandFailed {
-                command: describe(&command),
-                status,
-                output: "(its output was streamed above)".to_owned(),
-            });
-        }
+        run_streamed(
+            Command::new("bash")
+                .arg(&script)
+                .env("REPLICATOR_IMAGES_DIR", &dir)
+                .current_dir(paths::workspace_root()),
+        )
+        .await?;
         Images::read(&dir)
     }
 

@@ -31,27 +31,7 @@ pub(crate) fn karmada_path(state_dir: &Path) -> PathBuf {
 /// Renders a token-authenticated kubeconfig with the CA embedded. The context is named after the
 /// cluster, so that the three files can be merged through `KUBECONFIG=a:b:c`.
 pub(crate) fn render(cluster: Cluster, server: &str, ca_pem: &[u8], user: &str, token: &str) -> String {
-    let name = cluster.name();
-    let ca = STANDARD.encode(ca_pem);
-    format!(
-        "apiVersion: v1\n\
-         kind: Config\n\
-         clusters:\n\
-         - name: {name}\n\
-         \x20 cluster:\n\
-         \x20   server: {server}\n\
-         \x20   certificate-authority-data: {ca}\n\
-         users:\n\
-         - name: {name}-{user}\n\
-         \x20 user:\n\
-         \x20   token: {token}\n\
-         contexts:\n\
-         - name: {name}\n\
-         \x20 context:\n\
-         \x20   cluster: {name}\n\
-         \x20   user: {name}-{user}\n\
-         current-context: {name}\n"
-    )
+    render_user(cluster, server, ca_pem, user, &format!("token: {token}"))
 }
 
 /// Renders a kubeconfig authenticated by a client certificate (files named by path, as a
@@ -64,6 +44,17 @@ pub(crate) fn render_with_certificate(
     cert: &Path,
     key: &Path,
 ) -> String {
+    let credentials = format!(
+        "client-certificate: {}\n\x20   client-key: {}",
+        cert.display(),
+        key.display()
+    );
+    render_user(cluster, server, ca_pem, user, &credentials)
+}
+
+/// A kubeconfig of one cluster, one user (`credentials`: the user block's lines, the first
+/// unindented) and one context named after the cluster.
+fn render_user(cluster: Cluster, server: &str, ca_pem: &[u8], user: &str, credentials: &str) -> String {
     let name = cluster.name();
     let ca = STANDARD.encode(ca_pem);
     format!(
@@ -77,16 +68,13 @@ pub(crate) fn render_with_certificate(
          users:\n\
          - name: {name}-{user}\n\
          \x20 user:\n\
-         \x20   client-certificate: {}\n\
-         \x20   client-key: {}\n\
+         \x20   {credentials}\n\
          contexts:\n\
          - name: {name}\n\
          \x20 context:\n\
          \x20   cluster: {name}\n\
          \x20   user: {name}-{user}\n\
-         current-context: {name}\n",
-        cert.display(),
-        key.display()
+         current-context: {name}\n"
     )
 }
 
@@ -99,6 +87,30 @@ pub(crate) fn cell_controller_manager_path(state_dir: &Path, cluster: Cluster) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_certificate_kubeconfig_names_its_files() -> anyhow::Result<()> {
+        let text = render_with_certificate(
+            Cluster::CellB,
+            "https://127.0.0.1:16445",
+            b"PEM",
+            "kubelet",
+            Path::new("/pki/kubelet-cell-b.crt"),
+            Path::new("/pki/kubelet-cell-b.key"),
+        );
+        let parsed = kube::config::Kubeconfig::from_yaml(&text)?;
+        let user = parsed.auth_infos.first().and_then(|a| a.auth_info.as_ref());
+        assert_eq!(
+            user.and_then(|u| u.client_certificate.as_deref()),
+            Some("/pki/kubelet-cell-b.crt")
+        );
+        assert_eq!(
+            user.and_then(|u| u.client_key.as_deref()),
+            Some("/pki/kubelet-cell-b.key")
+        );
+        assert!(user.is_some_and(|u| u.token.is_none()));
+        Ok(())
+    }
 
     #[test]
     fn rendered_kubeconfig_parses() -> anyhow::Result<()> {

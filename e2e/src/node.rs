@@ -492,7 +492,9 @@ impl Environment {
             ),
         ] {
             let process = self.node_process(cell, component).await?;
-            self.wait_node_component(cell, component, &process, &url).await?;
+            let name = format!("{} {cell}", component.name());
+            self.wait_ready(&name, &process, &url, crate::daemon::Probe::Ok200, DAEMON_READY)
+                .await?;
         }
         self.wait_node_ready(cell, NODE_READY).await
     }
@@ -665,36 +667,6 @@ impl Environment {
         })
     }
 
-    async fn wait_node_component(
-        &self,
-        cell: Cluster,
-        component: NodeComponent,
-        process: &ProcessRecord,
-        url: &str,
-    ) -> Result<()> {
-        let what = format!("{} of {cell} to answer {url}", component.name());
-        let probe = crate::daemon::Probe::Ok200;
-        wait::until_observed(DAEMON_READY, &what, || {
-            let alive = process.is_alive();
-            async move {
-                if !alive {
-                    return Ok::<_, Error>(Check::Abort(format!("the process (pid {}) exited", process.pid)));
-                }
-                Ok(match self.probe(url, probe).await {
-                    Ok(()) => Check::Ready(()),
-                    Err(problem) => Check::NotYet(problem),
-                })
-            }
-        })
-        .await
-        .map_err(|reason| Error::NotReady {
-            component: format!("{} {cell}", component.name()),
-            reason: Box::new(reason),
-            log: process.log.clone(),
-            log_tail: process::log_tail(&process.log, 40),
-        })
-    }
-
     /// The URL `status` probes for a node component, and how (containerd has no HTTP endpoint:
     /// see [`Environment::containerd_answers`]; its URL names the socket).
     pub(crate) fn node_component_probe(
@@ -795,25 +767,7 @@ pub async fn ensure_host_packages() -> Result<()> {
         .join("e2e")
         .join("scripts")
         .join("install-host-packages.sh");
-    let mut command = Command::new("bash");
-    command
-        .arg(&script)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::inherit())
-        .stderr(std::process::Stdio::inherit());
-    let status = command
-        .status()
-        .await
-        .map_err(io_context(format!("running {}", script.display())))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(Error::CommandFailed {
-            command: crate::command::describe(&command),
-            status,
-            output: "(its output was streamed above)".to_owned(),
-        })
-    }
+    crate::command::run_streamed(Command::new("bash").arg(&script)).await
 }
 
 /// The controllers a cell's kube-controller-manager runs: workloads (Deployments, ReplicaSets,
