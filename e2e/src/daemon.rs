@@ -83,6 +83,8 @@ pub(crate) enum Probe {
     Ok200WithToken,
     /// Any HTTP answer: the server accepts connections (and the TLS handshake succeeds).
     AnyAnswer,
+    /// A containerd: `ctr version` answers on the socket the URL names (`unix://<path>`).
+    ContainerdSocket,
 }
 
 impl fmt::Display for Daemon {

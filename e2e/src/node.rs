@@ -428,7 +428,16 @@ impl Environment {
         )
         .await?;
         tracing::info!(%cell, socket = %layout.containerd_socket().display(), "containerd of the cell's own (restrict_oom_score_adj: the VM lacks CAP_SYS_RESOURCE)");
-        self.wait_containerd(cell).await?;
+        let (url, probe) = self.node_component_probe(cell, NodeComponent::Containerd);
+        let containerd = self.node_process(cell, NodeComponent::Containerd).await?;
+        self.wait_ready(
+            &format!("containerd {cell}"),
+            &containerd,
+            &url,
+            probe,
+            CONTAINERD_READY,
+        )
+        .await?;
         self.import_images(cell, images).await?;
 
         let cm_kubeconfig = kubeconfig::cell_controller_manager_path(&self.dir, cell);
@@ -477,24 +486,15 @@ impl Environment {
         )
         .await?;
         tracing::info!(%cell, node_ip = %host, "kubelet: node IP is the host's primary address (loopback is refused, and the apiserver dials it for logs and exec)");
-        for (component, url) in [
-            (
-                NodeComponent::KubeControllerManager,
-                format!("https://127.0.0.1:{}/healthz", ports.controller_manager),
-            ),
-            (
-                NodeComponent::KubeScheduler,
-                format!("https://127.0.0.1:{}/healthz", ports.scheduler),
-            ),
-            (
-                NodeComponent::Kubelet,
-                format!("http://127.0.0.1:{}/healthz", ports.kubelet_healthz),
-            ),
+        for component in [
+            NodeComponent::KubeControllerManager,
+            NodeComponent::KubeScheduler,
+            NodeComponent::Kubelet,
         ] {
             let process = self.node_process(cell, component).await?;
             let name = format!("{} {cell}", component.name());
-            self.wait_ready(&name, &process, &url, crate::daemon::Probe::Ok200, DAEMON_READY)
-                .await?;
+            let (url, probe) = self.node_component_probe(cell, component);
+            self.wait_ready(&name, &process, &url, probe, DAEMON_READY).await?;
         }
         self.wait_node_ready(cell, NODE_READY).await
     }
@@ -639,36 +639,8 @@ impl Environment {
             .ok_or_else(|| Error::Config(format!("{} of {cell} was never started", component.name())))
     }
 
-    async fn wait_containerd(&self, cell: Cluster) -> Result<()> {
-        let process = self.node_process(cell, NodeComponent::Containerd).await?;
-        let socket = self.node(cell).containerd_socket();
-        let what = format!("containerd of {cell} to answer on {}", socket.display());
-        wait::until_observed(CONTAINERD_READY, &what, || {
-            let alive = process.is_alive();
-            let socket = socket.clone();
-            async move {
-                if !alive {
-                    return Ok::<_, Error>(Check::Abort(format!("containerd (pid {}) exited", process.pid)));
-                }
-                let output = run(Command::new(CTR).arg("--address").arg(&socket).arg("version")).await?;
-                Ok(if output.status.success() {
-                    Check::Ready(())
-                } else {
-                    Check::NotYet(crate::command::combined_output(&output))
-                })
-            }
-        })
-        .await
-        .map_err(|reason| Error::NotReady {
-            component: format!("containerd {cell}"),
-            reason: Box::new(reason),
-            log: process.log.clone(),
-            log_tail: process::log_tail(&process.log, 40),
-        })
-    }
-
     /// The URL `status` probes for a node component, and how (containerd has no HTTP endpoint:
-    /// see [`Environment::containerd_answers`]; its URL names the socket).
+    /// its URL names the socket, see [`containerd_answers`]).
     pub(crate) fn node_component_probe(
         &self,
         cell: Cluster,
@@ -681,17 +653,11 @@ impl Environment {
             NodeComponent::KubeScheduler => format!("https://127.0.0.1:{}/healthz", ports.scheduler),
             NodeComponent::Kubelet => format!("http://127.0.0.1:{}/healthz", ports.kubelet_healthz),
         };
-        (url, crate::daemon::Probe::Ok200)
-    }
-
-    /// Whether a cell's containerd answers `ctr version` on its socket.
-    pub(crate) async fn containerd_answers(&self, cell: Cluster) -> std::result::Result<(), String> {
-        let socket = self.node(cell).containerd_socket();
-        match run(Command::new(CTR).arg("--address").arg(&socket).arg("version")).await {
-            Ok(output) if output.status.success() => Ok(()),
-            Ok(output) => Err(crate::command::combined_output(&output)),
-            Err(error) => Err(error.to_string()),
-        }
+        let probe = match component {
+            NodeComponent::Containerd => crate::daemon::Probe::ContainerdSocket,
+            _ => crate::daemon::Probe::Ok200,
+        };
+        (url, probe)
     }
 
     /// Asks each cell's kubelet to stop every pod: deletes them through the API with no grace
@@ -737,6 +703,15 @@ impl Environment {
 pub const NO_REGISTRY: &str = "# Written by the replicator e2e harness: no registry is reachable, none is tried.\n\
                                server = \"http://127.0.0.1:1\"\n\n\
                                [host.\"http://127.0.0.1:1\"]\n  capabilities = [\"pull\", \"resolve\"]\n";
+
+/// Whether the containerd on `socket` answers `ctr version`: `Err` with what ctr said.
+pub(crate) async fn containerd_answers(socket: &Path) -> std::result::Result<(), String> {
+    match run(Command::new(CTR).arg("--address").arg(socket).arg("version")).await {
+        Ok(output) if output.status.success() => Ok(()),
+        Ok(output) => Err(crate::command::combined_output(&output)),
+        Err(error) => Err(error.to_string()),
+    }
+}
 
 /// Whether kubelets can run on this machine: `Err` says why not, in one line (not root; no
 /// writable cgroup hierarchy under `/sys/fs/cgroup`). Without them the cells are bare
