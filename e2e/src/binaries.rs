@@ -1,5 +1,6 @@
 //! The control-plane binaries, built by `e2e/scripts/build-control-plane.sh` into a cache, and
-//! the Karmada manifests the script copies next to the Karmada binaries.
+//! the Karmada manifests the script copies next to the Karmada binaries; also Prometheus and
+//! promtool, which the monitoring checks run (`e2e/tests/monitoring.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +19,11 @@ pub const KUBE_VERSION: &str = "v1.35.4";
 /// The Karmada version the harness runs (aggregated apiserver, webhook, controller-manager,
 /// scheduler). v1.19.0 is not on the module proxy; v1.18.2 pairs with Kubernetes 1.35.
 pub const KARMADA_VERSION: &str = "v1.18.2";
+/// The version of the `github.com/prometheus/prometheus` Go module the harness builds
+/// `prometheus` and `promtool` from: Prometheus 3.x tags it `v0.<major*100+minor>.<patch>`.
+pub const PROMETHEUS_VERSION: &str = "v0.316.0";
+/// The Prometheus release [`PROMETHEUS_VERSION`] is (what `--version` prints).
+pub const PROMETHEUS_RELEASE: &str = "3.16.0";
 
 /// Paths of the control-plane binaries.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +52,21 @@ pub struct Binaries {
     pub karmada_crds: PathBuf,
     /// Karmada's `artifacts/deploy/webhook-configuration.yaml` (with its placeholders).
     pub karmada_webhook_configuration: PathBuf,
+    /// prometheus (a bare server the monitoring scenario runs; no web UI, the HTTP API works).
+    /// A state file written before it joined the set reads as the cache's path.
+    #[serde(default = "expected_prometheus")]
+    pub prometheus: PathBuf,
+    /// promtool (rule unit tests, `check rules`, `check metrics`).
+    #[serde(default = "expected_promtool")]
+    pub promtool: PathBuf,
+}
+
+fn expected_prometheus() -> PathBuf {
+    Binaries::expected().prometheus
+}
+
+fn expected_promtool() -> PathBuf {
+    Binaries::expected().promtool
 }
 
 impl Binaries {
@@ -54,6 +75,7 @@ impl Binaries {
         let bin = cache.join("bin");
         let kube = bin.join(format!("kubernetes-{KUBE_VERSION}"));
         let karmada = bin.join(format!("karmada-{KARMADA_VERSION}"));
+        let prometheus = bin.join(format!("prometheus-{PROMETHEUS_VERSION}"));
         Binaries {
             etcd: bin.join(format!("etcd-{ETCD_VERSION}")).join("etcd"),
             kube_apiserver: kube.join("kube-apiserver"),
@@ -67,6 +89,8 @@ impl Binaries {
             karmada_scheduler: karmada.join("karmada-scheduler"),
             karmada_crds: karmada.join("crds"),
             karmada_webhook_configuration: karmada.join("webhook-configuration.yaml"),
+            prometheus: prometheus.join("prometheus"),
+            promtool: prometheus.join("promtool"),
         }
     }
 
@@ -75,8 +99,8 @@ impl Binaries {
         Binaries::in_cache(&paths::cache_dir())
     }
 
-    /// The paths of the ten executables and of the webhook configuration (every file).
-    pub fn all(&self) -> [&Path; 11] {
+    /// The paths of the twelve executables and of the webhook configuration (every file).
+    pub fn all(&self) -> [&Path; 13] {
         [
             &self.etcd,
             &self.kube_apiserver,
@@ -89,6 +113,8 @@ impl Binaries {
             &self.karmada_controller_manager,
             &self.karmada_scheduler,
             &self.karmada_webhook_configuration,
+            &self.prometheus,
+            &self.promtool,
         ]
     }
 
@@ -121,7 +147,8 @@ impl Binaries {
                 .env("REPLICATOR_CACHE", &cache)
                 .env("KUBE_VERSION", KUBE_VERSION)
                 .env("ETCD_VERSION", ETCD_VERSION)
-                .env("KARMADA_VERSION", KARMADA_VERSION),
+                .env("KARMADA_VERSION", KARMADA_VERSION)
+                .env("PROMETHEUS_VERSION", PROMETHEUS_VERSION),
         )
         .await?;
         if let Some(path) = binaries.missing().first() {
@@ -131,5 +158,33 @@ impl Binaries {
             });
         }
         Ok(binaries)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prometheus_release_is_the_module_version_read_as_prometheus_tags_it() {
+        // v0.<major*100+minor>.<patch>, as the build script reads it for `--version`.
+        let (minor, patch) = PROMETHEUS_VERSION
+            .strip_prefix("v0.")
+            .and_then(|v| v.split_once('.'))
+            .unwrap_or_default();
+        let minor: u32 = minor.parse().unwrap_or_default();
+        assert_eq!(format!("{}.{}.{patch}", minor / 100, minor % 100), PROMETHEUS_RELEASE);
+    }
+
+    #[test]
+    fn a_state_file_from_before_prometheus_reads_with_the_cache_paths() -> anyhow::Result<()> {
+        let expected = Binaries::expected();
+        let mut recorded = serde_json::to_value(&expected)?;
+        if let Some(fields) = recorded.as_object_mut() {
+            fields.remove("prometheus");
+            fields.remove("promtool");
+        }
+        assert_eq!(serde_json::from_value::<Binaries>(recorded)?, expected);
+        Ok(())
     }
 }

@@ -2,7 +2,7 @@
 //! karmada-aggregated-apiserver, karmada-webhook, karmada-controller-manager and
 //! karmada-scheduler, and cell-a, cell-b and edge-1 are registered as push-mode members.
 //!
-//! The recipe (`shared/reference/karmada.md` §2) in the order [`Environment`] runs it:
+//! The recipe in the order [`Environment`] runs it:
 //!
 //! 1. namespaces `karmada-system` and `karmada-cluster`, Karmada's CRDs (the `_crds/bases`
 //!    copied by the build script, without the kustomization's conversion webhook);

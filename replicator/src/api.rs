@@ -2,7 +2,7 @@
 //!
 //! The mirror path itself is schema-agnostic (it works on dynamic objects, see [`crate::copy`]);
 //! these typed structs serve CRD generation (`replicator crds`), the code that reads fields, and
-//! tests. Shapes follow the Go system we replace (shared/reference/nso.md §2).
+//! tests. Shapes follow the Go system we replace (the NetworkService types of the Go system).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
@@ -190,7 +190,7 @@ pub struct ExternalAddress {
 /// A NetworkInterface: an interface on a Network bound to an instance in a cell.
 ///
 /// Cells hold these; the hub holds their projections (copies without `spec.claimRef` and
-/// `spec.attachmentMode`, status limited to `phase` and `conditions`, DESIGN §3).
+/// `spec.attachmentMode`, status limited to `phase` and `conditions`).
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[kube(
     group = "networking.datumapis.com",
@@ -318,7 +318,7 @@ pub struct TrafficDistribution {
 }
 
 /// A NetworkService: a named set of endpoints spanning every location its members run in
-/// (DESIGN §6, seed 000). Members are Bound NetworkInterface copies on the hub matching the
+/// (seed 000). Members are Bound NetworkInterface copies on the hub matching the
 /// selector; `replicator membership` writes the status and the EndpointSlices.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, KubeSchema, PartialEq)]
 #[kube(

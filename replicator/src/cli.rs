@@ -495,7 +495,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             hub_health
                 .monitor(hub, &server, Duration::from_secs(1), cancel, move |state| {
                     for labels in &locations {
-                        metrics.hub_up.get_or_create(labels).set(i64::from(state.is_up()));
+                        metrics.hub_up.get_or_create(labels).set(i64::from(state.answers()));
                     }
                     match state.problem(&shown) {
                         None => health.clear("hub"),

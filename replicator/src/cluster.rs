@@ -1,13 +1,13 @@
 //! Clusters: kubeconfigs, one client per cluster, and hub health.
 //!
 //! The hub kubeconfig is required, but while its file is missing or empty the process waits and
-//! reports not-ready instead of crash-looping (seed 000: the Secret mount may lag the pod, DESIGN
-//! §5). A kubeconfig that loads but is wrong for the hub (a server nobody listens on, another
+//! reports not-ready instead of crash-looping (seed 000: the Secret mount may lag the
+//! pod). A kubeconfig that loads but is wrong for the hub (a server nobody listens on, another
 //! apiserver whose CA does not match, a token the hub answers 401 to, an account without the role
 //! answering 403) keeps the process running and not ready: [`HubHealth`] sums up what the hub
 //! requests meet into a [`HubState`], which `/readyz` names (`hub: unreachable at <server>: ...`,
 //! `hub: credentials rejected (401 Unauthorized): ...`, `hub: access forbidden (403 Forbidden):
-//! ...`), `replicator_hub_up` shows as 0 and [`HubHealth::monitor`] logs once per change. Writers
+//! ...`), `replicator_hub_up` shows as 0 (not for a 403: the hub answers) and [`HubHealth::monitor`] logs once per change. Writers
 //! pause while the hub does not answer or rejects the credentials, and resume as soon as it is
 //! back; nothing is written or deleted meanwhile. A fixed kubeconfig is picked up by a restart
 //! ([`crate::kubeconfig_watch`]). The cell and hub clients count every request they send in
@@ -261,9 +261,17 @@ pub enum HubState {
 }
 
 impl HubState {
-    /// Whether the hub answers and accepts the credentials.
+    /// Whether the hub answers and no request meets a 401 or 403.
     pub fn is_up(&self) -> bool {
         matches!(self, Self::Up)
+    }
+
+    /// Whether the hub answers and authenticates this process (`replicator_hub_up`): up, or
+    /// forbidden a resource. A 403 is a readiness problem and an error metric, not a hub outage:
+    /// an apiserver that has just started refuses requests for a moment before its RBAC cache is
+    /// filled, and that must not read as the hub being down for the 403's whole expiry.
+    pub fn answers(&self) -> bool {
+        matches!(self, Self::Up | Self::Forbidden(_))
     }
 
     /// The `/readyz` problem of the `hub` component when the hub is at `server`; `None` when up.
@@ -876,6 +884,15 @@ mod tests {
                 .await;
         });
         (rx, cancel)
+    }
+
+    #[test]
+    fn a_403_is_not_a_hub_outage() {
+        assert!(HubState::Up.answers() && HubState::Up.is_up());
+        let forbidden = HubState::Forbidden("leases is forbidden".into());
+        assert!(forbidden.answers() && !forbidden.is_up());
+        assert!(!HubState::Unauthorized("Unauthorized".into()).answers());
+        assert!(!HubState::Unreachable("connection refused".into()).answers());
     }
 
     #[tokio::test]

@@ -1,4 +1,4 @@
-//! Source object → desired hub copy. Pure: no I/O, no clock (DESIGN §3, §4).
+//! Source object → desired hub copy. Pure: no I/O, no clock (docs/architecture.md).
 //!
 //! [`plan`] turns a cell object, its rule, the publishing location and the namespace's routing
 //! into a [`Plan`]: publish a [`Desired`] copy, hold, withdraw, or ignore. [`copy_name`] is the
@@ -87,7 +87,7 @@ pub struct Desired {
     pub hash: String,
 }
 
-/// The copy name for source `namespace/name` published by `location` (DESIGN §4).
+/// The copy name for source `namespace/name` published by `location` (docs/architecture.md).
 ///
 /// `<name>-<location>` when that fits in [`MAX_NAME_LEN`] (221) characters; otherwise the source part is cut and a
 /// 16-hex-digit SHA-256 of `location/namespace/name` is inserted: `<cut>-<hash>-<location>`.
@@ -256,7 +256,7 @@ pub fn is_copy(labels: &BTreeMap<String, String>) -> bool {
 }
 
 /// Whether `copy` was published by `location`: the only copies the replicator of `location` may
-/// modify or delete (DESIGN §4). `copy` is a whole object or its metadata alone.
+/// modify or delete (docs/architecture.md). `copy` is a whole object or its metadata alone.
 pub fn published_by(copy: &impl kube::Resource, location: &str) -> bool {
     copy.meta()
         .labels

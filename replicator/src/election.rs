@@ -1,7 +1,7 @@
 //! Leader election: one writer per location, decided on a Lease on the hub.
 //!
-//! DESIGN §5: "Leader election on a hub Lease per location; standbys keep warm caches and take
-//! over without a relist." Every replica of a location runs its reflectors and queue all the
+//! Leader election on a hub Lease per location; standbys keep warm caches and take over without a
+//! relist. Every replica of a location runs its reflectors and queue all the
 //! time; only the holder of Lease `replicator-<location>` (namespace `--lease-namespace` on the
 //! hub) writes copies and sweeps. The Lease itself is handled by `kube-lease-manager`
 //! (server-side apply, renewal `grace` seconds before expiry).

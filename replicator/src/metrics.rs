@@ -1,4 +1,4 @@
-//! Prometheus metrics of `replicator run` (DESIGN §7; names are fixed there).
+//! Prometheus metrics of `replicator run` (docs/architecture.md; names are fixed there).
 //!
 //! Labels are small closed sets (kind, location, op, class), never object names.
 
@@ -235,8 +235,9 @@ pub struct Metrics {
     /// `replicator_source_up`: 1 while the cell watch of a kind is listed and healthy.
     pub source_up: Family<KindLabels, Gauge>,
     /// `replicator_hub_up`: 1 while the hub answers and accepts this process's credentials; 0
-    /// until the first probe answers, and while the hub is unreachable or answers 401 or 403 to
-    /// the requests every replica needs (the copy lists, the Lease). `/readyz` names the reason.
+    /// until the first probe answers, and while the hub is unreachable or answers 401. A 403 to
+    /// a request every replica needs (the copy lists, the Lease) keeps it 1 but the process not
+    /// ready (`/readyz` names it) and counts in `replicator_errors_total{class="forbidden"}`.
     pub hub_up: Family<LocationLabels, Gauge>,
     /// `replicator_last_sync_timestamp_seconds`: Unix time of the last successful write or
     /// verified no-op of a kind.
@@ -336,7 +337,7 @@ impl Metrics {
         );
         r.register(
             "hub_up",
-            "1 while the hub apiserver answers and accepts this process's credentials; 0 while it is unreachable or answers 401 (credentials rejected) or 403 (no role) to the copy lists or the Lease: /readyz names the reason, replicator_errors_total{class=\"unreachable\"|\"forbidden\"} counts the attempts",
+            "1 while the hub apiserver answers and accepts this process's credentials; 0 while it is unreachable or answers 401 (credentials rejected); a 403 (no role) to the copy lists or the Lease keeps it 1 but the process not ready: /readyz names the reason, replicator_errors_total{class=\"unreachable\"|\"forbidden\"} counts the attempts",
             m.hub_up.clone(),
         );
         r.register(

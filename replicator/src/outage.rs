@@ -1,6 +1,6 @@
 //! What happens to a location's copies while its cell is unreachable (issue #6).
 //!
-//! The default keeps them: DESIGN §5 says "delete nothing because of an outage", and a cell that
+//! The default keeps them (nothing is deleted because of an outage), and a cell that
 //! cannot be reached is usually still serving. A platform that would rather stop routing to a
 //! location nobody can vouch for sets `--withdraw-unreachable-after`: once the cell apiserver has
 //! not answered for that long, the leader closes the write gate and deletes every copy of the
@@ -22,7 +22,7 @@ use crate::{health::Health, metrics::LocationLabels, sync::CellSync};
 /// A cell's policy for an unreachable cell.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Policy {
-    /// Keep the copies as they are (DESIGN §5).
+    /// Keep the copies as they are (docs/architecture.md).
     #[default]
     Keep,
     /// Withdraw the copies once the cell has not answered for this long.

@@ -1,4 +1,4 @@
-//! Karmada ClusterPropagationPolicies that carry hub copies where they must go (DESIGN §1).
+//! Karmada ClusterPropagationPolicies that carry hub copies where they must go (docs/architecture.md).
 //!
 //! - [`gateway_endpointslices`]: every hub EndpointSlice carrying the project-routing label
 //!   (galactic copies and membership slices) goes to every gateway cluster

@@ -1,4 +1,4 @@
-//! Project routing: which project a source belongs to, from its namespace's labels (DESIGN §4).
+//! Project routing: which project a source belongs to, from its namespace's labels (docs/architecture.md).
 //!
 //! The source namespace's `meta.datumapis.com/upstream-cluster-name` and
 //! `meta.datumapis.com/upstream-namespace` labels are copied verbatim onto every copy; Karmada

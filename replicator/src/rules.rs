@@ -1,4 +1,4 @@
-//! The resource set: one rule per mirrored kind, as data (DESIGN §3).
+//! The resource set: one rule per mirrored kind, as data (docs/architecture.md).
 //!
 //! A [`Rule`] says which objects of a kind are sources (a label selector), which labels and
 //! annotations cross to the copy (allow-lists), which labels are added from fields, which fields
@@ -16,7 +16,7 @@ use kube::{
 };
 use serde::{Deserialize, Serialize};
 
-/// Label on every copy naming the location that published it (DESIGN §4). The sweep selects on
+/// Label on every copy naming the location that published it (docs/architecture.md). The sweep selects on
 /// it; an object without it is never modified or deleted; an object with it is never a source.
 pub const LOCATION_LABEL: &str = "replicator.datumapis.com/location";
 /// Label Karmada puts on objects it delivers to members; such objects are never sources.
@@ -203,7 +203,7 @@ pub enum Hold {
     EmptyList(FieldPath),
 }
 
-/// One mirrored kind and how its copies are made (DESIGN §3).
+/// One mirrored kind and how its copies are made (docs/architecture.md).
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Rule {
@@ -253,7 +253,7 @@ pub const HELD_BY_LABEL: &str = "networking.datumapis.com/held-by";
 /// Label added to NetworkInterface copies: the source namespace.
 pub const SOURCE_NAMESPACE_LABEL: &str = "networking.datumapis.com/source-namespace";
 
-/// The built-in resource set of DESIGN §3: Network, NetworkContext, Subnet, NetworkInterface
+/// The built-in resource set of docs/architecture.md: Network, NetworkContext, Subnet, NetworkInterface
 /// (projection) and galactic EndpointSlices.
 pub fn default_rules() -> Vec<Rule> {
     let networking = |kind: &str, plural: &str| ResourceKind::new(crate::api::GROUP, crate::api::VERSION, kind, plural);
@@ -530,7 +530,7 @@ pub fn validate(rule: &Rule) -> Result<()> {
 }
 
 /// The server-side selector for a rule's source watch: the rule's selector plus the loop guard
-/// (`!replicator.datumapis.com/location,!karmada.io/managed`, DESIGN §4), so copies delivered
+/// (`!replicator.datumapis.com/location,!karmada.io/managed`, docs/architecture.md), so copies delivered
 /// back into a cell are never sources.
 ///
 /// # Errors

@@ -1,4 +1,4 @@
-//! The sweep: collects this location's hub copies whose source is gone (DESIGN §5).
+//! The sweep: collects this location's hub copies whose source is gone (docs/architecture.md).
 //!
 //! It runs once at start-up, after every reflector of the cell has completed a full list, and
 //! then every interval (±10 % jitter), only while this replica may write (it leads its location

@@ -4,7 +4,7 @@
 //! selector plus the loop guard) and another watches this location's copies on the hub, so an
 //! edited or deleted copy is repaired at once. A third reflector watches the cell's namespaces
 //! for project routing. Reflectors only update caches and queue keys: no hub write happens in a
-//! watch loop (DESIGN §5). Workers take a key, plan the copy with the pure [`crate::copy`]
+//! watch loop (docs/architecture.md). Workers take a key, plan the copy with the pure [`crate::copy`]
 //! transform and server-side apply it under the location's own field manager, so labels and
 //! annotations Karmada writes on copies are never fought over, and a label the replicator stops
 //! applying disappears because it owned it.
@@ -52,7 +52,7 @@ use crate::{
     rules::{self, Rule},
 };
 
-/// How an error is handled (DESIGN §5 "Errors are classified"). None of them withdraws what is
+/// How an error is handled (docs/architecture.md "Errors are classified"). None of them withdraws what is
 /// published.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorClass {

@@ -1,4 +1,4 @@
-//! The EndpointSlices gateways route to, per NetworkService port. Pure: no I/O (DESIGN §6).
+//! The EndpointSlices gateways route to, per NetworkService port. Pure: no I/O (docs/architecture.md).
 //!
 //! Per port and per address family present among the members: one endpoint per member (its
 //! first internal address of that family, canonical text, never an external address), zone =

@@ -1,4 +1,4 @@
-//! `replicator membership`: NetworkService status and EndpointSlices on the hub (DESIGN §6).
+//! `replicator membership`: NetworkService status and EndpointSlices on the hub (docs/architecture.md).
 //!
 //! Reflectors on the hub cache NetworkInterface copies, NetworkServices, the slices this
 //! controller owns and namespaces; they only queue service keys. An interface change queues only
@@ -131,7 +131,7 @@ impl Metrics {
         );
         r.register(
             "hub_up",
-            "1 while the hub apiserver answers and accepts this process's credentials; 0 while it is unreachable or answers 401 or 403 to the watches (/readyz names the reason)",
+            "1 while the hub apiserver answers and accepts this process's credentials; 0 while it is unreachable or answers 401; a 403 to the watches keeps it 1 but the process not ready (/readyz names the reason)",
             m.hub_up.clone(),
         );
         r.register("status_writes", "NetworkService status writes", m.status_writes.clone());
@@ -575,7 +575,7 @@ pub async fn run(args: MembershipArgs) -> anyhow::Result<()> {
             let shown = server.clone();
             hub_health
                 .monitor(hub, &server, Duration::from_secs(1), cancel, move |state| {
-                    hub_up.set(i64::from(state.is_up()));
+                    hub_up.set(i64::from(state.answers()));
                     match state.problem(&shown) {
                         None => health.clear("hub"),
                         Some(problem) => health.set("hub", problem),

@@ -1,6 +1,6 @@
-//! NetworkService membership, health and per-location rollup. Pure: no I/O (DESIGN §6).
+//! NetworkService membership, health and per-location rollup. Pure: no I/O (docs/architecture.md).
 //!
-//! Rules (DESIGN §6; shared/reference/nso.md §3; seed 000):
+//! Rules (docs/architecture.md; seed 000):
 //! - members are NetworkInterface copies in the service's namespace that match the selector and
 //!   are in phase `Bound` (a retained, released interface never counts);
 //! - a member is healthy when its `HolderAvailable` condition is True;

@@ -3,7 +3,7 @@
 //!
 //! Drift is judged exactly as the replicator judges it: for each source the copy
 //! [`copy::plan`] would produce now is compared with the hub copy by [`copy::in_sync`] (the
-//! fields the replicator owns, DESIGN §5); copies are matched to sources by [`copy::copy_name`].
+//! fields the replicator owns, docs/architecture.md); copies are matched to sources by [`copy::copy_name`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -18,11 +18,11 @@ use crate::{
     rules::{self, Rule},
 };
 
-/// Metric of the propagation lag histogram (DESIGN §7).
+/// Metric of the propagation lag histogram (docs/architecture.md).
 pub const LAG_METRIC: &str = "replicator_propagation_lag_seconds";
-/// Gauge of the last successful write or verified no-op, Unix seconds (DESIGN §7).
+/// Gauge of the last successful write or verified no-op, Unix seconds (docs/architecture.md).
 pub const LAST_SYNC_METRIC: &str = "replicator_last_sync_timestamp_seconds";
-/// Gauge, 1 while a process is the writer of its location (DESIGN §7).
+/// Gauge, 1 while a process is the writer of its location (docs/architecture.md).
 pub const LEADER_METRIC: &str = "replicator_leader";
 
 /// What was read from one cell: its namespaces' labels and, per rule (same order as the rules),
