@@ -530,8 +530,10 @@ impl HubHealth {
     /// it rejects the credentials or forbids a needed request, info when it is up again.
     /// `server` names the hub in them.
     ///
-    /// A 403 is not probed (`/version` is allowed to every account): the source that met it
-    /// clears it by succeeding, or it expires ([`FORBIDDEN_EXPIRES_AFTER`]).
+    /// While a 403 stands the probe goes on too (`/version` is allowed to every account, so only
+    /// a transient refusal, an apiserver whose RBAC cache is still filling, stops it); a 403 of
+    /// another source clears when that source succeeds, or expires
+    /// ([`FORBIDDEN_EXPIRES_AFTER`]).
     pub async fn monitor(
         &self,
         hub: Client,
@@ -546,7 +548,9 @@ impl HubHealth {
         loop {
             let now = tokio::time::Instant::now();
             self.expire(now);
-            if now >= next_probe && (shown.is_none() || !self.is_up()) {
+            // Probe while anything is wrong, a 403 included: the probe's own 403 (a restarted
+            // apiserver's RBAC cache not filled yet) clears on its next success.
+            if now >= next_probe && (shown.is_none() || !self.state().is_up()) {
                 tokio::select! {
                     () = cancel.cancelled() => return,
                     () = self.probe_once(&hub) => {}
