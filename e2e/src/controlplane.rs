@@ -622,6 +622,10 @@ impl Environment {
     }
 
     async fn start_fresh(dir: &Path) -> Result<Environment> {
+        if node::kubelets_possible().is_ok() {
+            // Before anything is stopped or cleaned: another environment's nodes stay untouched.
+            node::check_nodes_free(dir)?;
+        }
         stop_all(dir, State::load(dir).ok().flatten().as_ref()).await?;
         let binaries = Binaries::ensure().await?;
         let ports = Ports::from_env()?;
@@ -668,6 +672,7 @@ impl Environment {
                 return Ok(None);
             }
             node::ensure_host_packages().await?;
+            node::record_nodes_owner(dir)?;
             Images::ensure().await.map(Some)
         };
         let (images, ()) = futures::try_join!(images, control_plane)?;

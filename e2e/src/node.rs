@@ -755,6 +755,12 @@ pub const CELL_CONTROLLERS: &str = "deployment-controller,replicaset-controller,
 /// nodes' directory, the cgroup roots, the bridges, the harness's NAT rules and the kubelets'
 /// chains, and `ip_forward` back to `ip_forward_before`. Each step logs what it removed.
 pub(crate) async fn clean_host(state_dir: &Path, ip_forward_before: Option<&str>) -> Result<()> {
+    if let Some(owner) = nodes_owner().filter(|owner| owner != state_dir) {
+        // The cgroups, bridges and rules are the host's, not this directory's: another
+        // environment's nodes use them now. Leave them alone.
+        tracing::info!(owner = %owner.display(), "the cells' nodes belong to another environment; leaving the host as it is");
+        return Ok(());
+    }
     for cell in Cluster::CELLS {
         let layout = NodeLayout::new(state_dir, cell);
         let root = layout.cgroup_root();
@@ -803,7 +809,47 @@ pub(crate) async fn clean_host(state_dir: &Path, ip_forward_before: Option<&str>
         hostnet::restore_ip_forward(value)?;
         tracing::info!(value, "restored net.ipv4.ip_forward");
     }
+    match std::fs::remove_file(NODES_OWNER) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(io_context(format!("removing {NODES_OWNER}"))(error)),
+    }
+}
+
+/// The file naming the state directory of the environment whose nodes hold the host's cell
+/// cgroups, bridges, pod ranges and NAT rules (they are one per machine, whatever the ports).
+const NODES_OWNER: &str = "/run/replicator-e2e/nodes-owner";
+
+/// The state directory of the environment whose nodes hold the host now, if any.
+pub(crate) fn nodes_owner() -> Option<PathBuf> {
+    std::fs::read_to_string(NODES_OWNER)
+        .ok()
+        .map(|text| PathBuf::from(text.trim()))
+        .filter(|dir| !dir.as_os_str().is_empty())
+}
+
+/// Fails when another environment's nodes hold the host and that environment is still recorded
+/// as running (its `state.json` exists); forgets an owner whose environment is gone.
+pub(crate) fn check_nodes_free(state_dir: &Path) -> Result<()> {
+    if let Some(owner) = nodes_owner().filter(|owner| owner != state_dir) {
+        if owner.join("state.json").is_file() {
+            return Err(Error::Config(format!(
+                "the cells' kubelets, cgroups, bridges and NAT rules are one per machine, and the environment at {}                  holds them: stop it first (replicator-env --dir {} down)",
+                owner.display(),
+                owner.display()
+            )));
+        }
+        tracing::info!(owner = %owner.display(), "the environment that held the cells' nodes is gone; taking them over");
+        std::fs::remove_file(NODES_OWNER).map_err(io_context(format!("removing {NODES_OWNER}")))?;
+    }
     Ok(())
+}
+
+/// Records `state_dir` as the environment whose nodes hold the host (see [`check_nodes_free`]).
+pub(crate) fn record_nodes_owner(state_dir: &Path) -> Result<()> {
+    let parent = Path::new(NODES_OWNER).parent().unwrap_or(Path::new("/run"));
+    std::fs::create_dir_all(parent).map_err(io_context(format!("creating {}", parent.display())))?;
+    std::fs::write(NODES_OWNER, state_dir.display().to_string()).map_err(io_context(format!("writing {NODES_OWNER}")))
 }
 
 fn write_file(path: &Path, contents: &str) -> Result<()> {
