@@ -7,6 +7,7 @@
 #   kube-scheduler, kubelet, kubectl         k8s.io/kubernetes           $KUBE_VERSION
 #   karmada-{aggregated-apiserver,webhook,
 #   controller-manager,scheduler}            github.com/karmada-io/karmada $KARMADA_VERSION
+#   prometheus, promtool                     github.com/prometheus/prometheus $PROMETHEUS_VERSION
 #
 # Output: $REPLICATOR_CACHE/bin/etcd-$ETCD_VERSION/etcd,
 #         $REPLICATOR_CACHE/bin/kubernetes-$KUBE_VERSION/{kube-apiserver,kube-controller-manager,
@@ -15,13 +16,18 @@
 #           controller-manager,scheduler}, plus the manifests the harness installs, copied from
 #           the module: crds/ (charts/karmada/_crds/bases, without the kustomization) and
 #           webhook-configuration.yaml (artifacts/deploy).
-# Recipe: ../shared/reference/karmada.md §1 (wrapper modules with the staging replace lines), §2.2.
+#         $REPLICATOR_CACHE/bin/prometheus-$PROMETHEUS_VERSION/{prometheus,promtool} (the e2e
+#           monitoring checks: promtool on the alert rules, a real Prometheus scraping the pods).
+# Recipe: ../shared/reference/karmada.md §1 (wrapper modules with the staging replace lines), §2.2;
+# ../shared/reference/prometheus.md (Prometheus's module versions, no web UI).
 # Concurrent runs (two harnesses, a developer and a test) are serialised by a lock in the cache.
 set -euo pipefail
 
 KUBE_VERSION="${KUBE_VERSION:-v1.35.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KARMADA_VERSION="${KARMADA_VERSION:-v1.18.2}"
+# Prometheus 3.x tags its Go module v0.<major*100+minor>.<patch>: v0.316.0 is Prometheus 3.16.0.
+PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
 CACHE="${REPLICATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/replicator}"
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 
@@ -143,8 +149,51 @@ build_karmada() {
   log "karmada $KARMADA_VERSION: built at $out"
 }
 
+PROMETHEUS_COMMANDS=(prometheus promtool)
+
+# The release a module version stands for: v0.316.0 -> 3.16.0.
+prometheus_release() {
+  local v="${1#v0.}" minor patch
+  minor="${v%%.*}" patch="${v#*.}"
+  [[ "$minor" =~ ^[0-9]+$ && "$patch" =~ ^[0-9]+$ ]] || { log "prometheus: cannot read a release from module version $1"; exit 1; }
+  printf '%d.%d.%d' $(( minor / 100 )) $(( minor % 100 )) "$patch"
+}
+
+build_prometheus() {
+  local out="$CACHE/bin/prometheus-$PROMETHEUS_VERSION" cmd complete=1
+  for cmd in "${PROMETHEUS_COMMANDS[@]}"; do [[ -x "$out/$cmd" ]] || complete=0; done
+  if (( complete )); then log "prometheus $PROMETHEUS_VERSION: cached at $out"; return; fi
+  local module="github.com/prometheus/prometheus" work="$CACHE/src/prometheus-$PROMETHEUS_VERSION"
+  local release t0
+  release=$(prometheus_release "$PROMETHEUS_VERSION")
+  rm -rf "$work" "$out.tmp" && mkdir -p "$work" "$out.tmp"
+  t0=$(date +%s)
+  log "prometheus $PROMETHEUS_VERSION ($release): resolving modules (a minute or two cold)"
+  # A wrapper module, as for Karmada: `go get -tool` resolves exactly Prometheus's requirements
+  # (and raises the wrapper's `go` line to Prometheus's own).
+  (cd "$work" && go mod init replicator.local/prometheus-build >/dev/null 2>&1 \
+    && for cmd in "${PROMETHEUS_COMMANDS[@]}"; do
+      go get -tool "$module/cmd/$cmd@$PROMETHEUS_VERSION"
+    done)
+  # Without these `--version` prints an empty version. The module ships no built web UI: the
+  # HTTP API, scraping and rule evaluation work, `/query` in a browser does not (prometheus.md).
+  local v="github.com/prometheus/common/version"
+  # (The proxy's module info carries no commit, so Revision stays "unknown".)
+  local ld="-s -w -X $v.Version=$release -X $v.Branch=HEAD -X $v.BuildUser=replicator-e2e"
+  log "prometheus $PROMETHEUS_VERSION: modules resolved in $(( $(date +%s) - t0 ))s"
+  for cmd in "${PROMETHEUS_COMMANDS[@]}"; do
+    t0=$(date +%s)
+    log "prometheus $PROMETHEUS_VERSION: compiling $cmd (the first one takes longest on 2 cores)"
+    (cd "$work" && go build -trimpath -ldflags "$ld" -o "$out.tmp/$cmd" "$module/cmd/$cmd")
+    log "prometheus $PROMETHEUS_VERSION: $cmd compiled in $(( $(date +%s) - t0 ))s"
+  done
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  log "prometheus $PROMETHEUS_VERSION: built at $out"
+}
+
 start=$(date +%s)
 build_etcd
 build_kubernetes
 build_karmada
+build_prometheus
 log "done in $(( $(date +%s) - start ))s; cache: $CACHE"
