@@ -834,7 +834,7 @@ pub(crate) fn check_nodes_free(state_dir: &Path) -> Result<()> {
     if let Some(owner) = nodes_owner().filter(|owner| owner != state_dir) {
         if owner.join("state.json").is_file() {
             return Err(Error::Config(format!(
-                "the cells' kubelets, cgroups, bridges and NAT rules are one per machine, and the environment at {}                  holds them: stop it first (replicator-env --dir {} down)",
+                "the cells' kubelets, cgroups, bridges and NAT rules are one per machine, and the environment at {} holds them: stop it first (replicator-env --dir {} down)",
                 owner.display(),
                 owner.display()
             )));
