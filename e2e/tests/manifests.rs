@@ -715,7 +715,7 @@ async fn rendered_manifests_keep_the_deployment_contract() -> TestResult {
         .collect();
     for needle in [
         "histogram_quantile(0.99, sum by (location, le) (rate(replicator_propagation_lag_seconds_bucket",
-        "sum by (location) (replicator_copies",
+        "sum by (location) (max by (location, kind) (replicator_copies",
         "sum by (class) (rate(replicator_errors_total",
         "sum by (verb, resource) (rate(replicator_api_requests_total{cluster=\"hub\"}",
     ] {
