@@ -718,6 +718,11 @@ async fn rendered_manifests_keep_the_deployment_contract() -> TestResult {
         "sum by (location) (max by (location, kind) (replicator_copies",
         "sum by (class) (rate(replicator_errors_total",
         "sum by (verb, resource) (rate(replicator_api_requests_total{cluster=\"hub\"}",
+        "min by (location) (replicator_cell_up",
+        "increase(replicator_withdrawn_total",
+        "replicator_last_sync_timestamp_seconds",
+        "increase(replicator_sweep_runs_total",
+        "increase(replicator_sweep_deleted_total",
     ] {
         assert!(
             exprs.iter().any(|e| e.contains(needle)),

@@ -798,8 +798,8 @@ fn dashboard_queries(scrape_interval: u64) -> anyhow::Result<Vec<PanelQuery>> {
 }
 
 /// The panels that must show data once the product has mirrored under churn (with one source
-/// the hub refuses): lag, copies, writes and errors.
-const PANELS_WITH_DATA: [&str; 7] = [
+/// the hub refuses): lag, copies, writes and errors, cells up and the last sync.
+const PANELS_WITH_DATA: [&str; 9] = [
     "Propagation lag p50 / p90 / p99 by location",
     "Propagation lag p99 by kind",
     "Copies on the hub per location",
@@ -807,6 +807,8 @@ const PANELS_WITH_DATA: [&str; 7] = [
     "Hub writes by op",
     "Errors by class",
     "Errors by location, kind and class",
+    "Cells up",
+    "Time since the last sync by kind",
 ];
 
 #[tokio::test]
