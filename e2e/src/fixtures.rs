@@ -383,3 +383,86 @@ pub fn network_service(namespace: &str, name: &str, workload: &str) -> Value {
         }
     })
 }
+
+/// The five kinds of the sample input (rule names).
+pub const SAMPLE_RULES: [&str; 5] = [
+    "networks",
+    "networkcontexts",
+    "subnets",
+    "networkinterfaces",
+    "endpointslices",
+];
+
+/// The sample input's 240-character slice name: its copy name must be shortened.
+pub fn sample_long_name() -> String {
+    let mut name = "galactic-pod-with-a-very-long-generated-name-".repeat(6);
+    name.truncate(236);
+    format!("{name}-x9z")
+}
+
+/// Writes the sample input of the demo (and the README scenario) for `location` into namespace
+/// `ns` through `client`: a Network, a NetworkContext, a Subnet, two Bound NetworkInterfaces of
+/// workload `web` (addresses in `fd20:0:<site>:1::/64`) whose holders are available, and three
+/// galactic slices (SRv6 SID `fc00:0:<site>:e000::`; one with a long name, one empty). Returns
+/// the source names written, by rule name.
+///
+/// # Errors
+/// Any failed apply or status write.
+pub async fn sample_input(
+    client: &Client,
+    ns: &str,
+    location: &str,
+    site: u8,
+) -> Result<BTreeMap<&'static str, Vec<String>>> {
+    let mut written: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
+    apply(client, &resource("networks")?, &network(ns, "default")).await?;
+    written.entry("networks").or_default().push("default".into());
+    let ctx = format!("default-{location}");
+    apply(
+        client,
+        &resource("networkcontexts")?,
+        &network_context(ns, &ctx, "default", location),
+    )
+    .await?;
+    written.entry("networkcontexts").or_default().push(ctx.clone());
+    let subnet_name = format!("{ctx}-1");
+    apply(
+        client,
+        &resource("subnets")?,
+        &subnet(ns, &subnet_name, "default", &ctx, location),
+    )
+    .await?;
+    written.entry("subnets").or_default().push(subnet_name);
+    let ni = resource("networkinterfaces")?;
+    for i in 0..2 {
+        let name = format!("web-{i}-eth0");
+        let mut interface = network_interface(ns, &name, "default", &format!("web-{i}"), "web", location);
+        interface["spec"]["addresses"] =
+            json!([{"family": "IPv6", "address": format!("fd20:0:{site}:1::{}/64", 10 + i), "primary": true}]);
+        apply(client, &ni, &interface).await?;
+        set_status(client, &ni, ns, &name, bound_status(true)).await?;
+        written.entry("networkinterfaces").or_default().push(name);
+    }
+    let es = resource("endpointslices")?;
+    let sid = format!("fc00:0:{site}:e000::");
+    let pod = format!("web-0-{location}");
+    let long = sample_long_name();
+    let slices = [
+        (
+            pod.clone(),
+            json!([pod_endpoint("fd20:0:0:1::10", &pod)]),
+            Some(sid.as_str()),
+        ),
+        (
+            long,
+            json!([pod_endpoint("fd20:0:0:1::11", "long")]),
+            Some(sid.as_str()),
+        ),
+        ("empty-pod".to_owned(), json!([]), None),
+    ];
+    for (name, endpoints, sid) in slices {
+        apply(client, &es, &galactic_slice(ns, &name, endpoints, sid)).await?;
+        written.entry("endpointslices").or_default().push(name);
+    }
+    Ok(written)
+}

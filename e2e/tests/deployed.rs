@@ -912,78 +912,6 @@ async fn rollout_restart_under_churn() -> TestResult {
 // 3. The README's deployment: both cells, and membership on the hub's host.
 // ---------------------------------------------------------------------------------------------
 
-/// The five kinds of the demo's sample input.
-const SAMPLE_RULES: [&str; 5] = [
-    "networks",
-    "networkcontexts",
-    "subnets",
-    "networkinterfaces",
-    "endpointslices",
-];
-
-/// The demo's 236-character slice name (a copy name must be shortened).
-fn long_name() -> String {
-    let mut name = "galactic-pod-with-a-very-long-generated-name-".repeat(6);
-    name.truncate(236);
-    format!("{name}-x9z")
-}
-
-/// The demo's sample input (`e2e/src/bin/replicator-demo.rs`) for `location` in `ns`: a
-/// Network, a NetworkContext, a Subnet, two Bound NetworkInterfaces of workload `web` whose
-/// holders are available, and three galactic slices (one with a long name, one empty).
-async fn sample_input(client: &Client, ns: &str, location: &str, site: u8) -> anyhow::Result<()> {
-    fixtures::apply(
-        client,
-        &fixtures::resource("networks")?,
-        &fixtures::network(ns, "default"),
-    )
-    .await?;
-    let ctx = format!("default-{location}");
-    fixtures::apply(
-        client,
-        &fixtures::resource("networkcontexts")?,
-        &fixtures::network_context(ns, &ctx, "default", location),
-    )
-    .await?;
-    fixtures::apply(
-        client,
-        &fixtures::resource("subnets")?,
-        &fixtures::subnet(ns, &format!("{ctx}-1"), "default", &ctx, location),
-    )
-    .await?;
-    let ni = fixtures::resource("networkinterfaces")?;
-    for i in 0..2 {
-        let name = format!("web-{i}-eth0");
-        let mut interface = fixtures::network_interface(ns, &name, "default", &format!("web-{i}"), "web", location);
-        interface["spec"]["addresses"] =
-            json!([{"family": "IPv6", "address": format!("fd20:0:{site}:1::{}/64", 10 + i), "primary": true}]);
-        fixtures::apply(client, &ni, &interface).await?;
-        fixtures::set_status(client, &ni, ns, &name, fixtures::bound_status(true)).await?;
-    }
-    let es = fixtures::resource("endpointslices")?;
-    let sid = format!("fc00:0:{site}:e000::");
-    let pod = format!("web-0-{location}");
-    let slices = [
-        fixtures::galactic_slice(
-            ns,
-            &pod,
-            json!([fixtures::pod_endpoint("fd20:0:0:1::10", &pod)]),
-            Some(&sid),
-        ),
-        fixtures::galactic_slice(
-            ns,
-            &long_name(),
-            json!([fixtures::pod_endpoint("fd20:0:0:1::11", "long")]),
-            Some(&sid),
-        ),
-        fixtures::galactic_slice(ns, "empty-pod", json!([]), None),
-    ];
-    for slice in &slices {
-        fixtures::apply(client, &es, slice).await?;
-    }
-    Ok(())
-}
-
 async fn service_status(hub: &Client, ns: &str, name: &str) -> Value {
     Api::<NetworkService>::namespaced(hub.clone(), ns)
         .get_opt(name)
@@ -1080,10 +1008,10 @@ async fn readme_deploy_both_cells_and_membership() -> TestResult {
         teardown.namespace(cluster, &ns);
     }
     deploy::routed_namespace(&env, &[HUB, CELL_A, CELL_B], &ns).await?;
-    let rules = convergence::default_rules(&SAMPLE_RULES)?;
+    let rules = convergence::default_rules(&fixtures::SAMPLE_RULES)?;
     for (cell, location, site) in sites {
         let client = env.client(cell).await?;
-        sample_input(&client, &ns, location, site).await?;
+        fixtures::sample_input(&client, &ns, location, site).await?;
         let report = convergence::wait_converged(&client, &hub, &ns, location, &rules, COPIES).await?;
         eprintln!("{location}: {}", report.summary());
         assert_eq!(

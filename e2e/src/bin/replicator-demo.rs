@@ -9,7 +9,7 @@
 //! Run it with `e2e/demo` (which builds what is missing first). The Deployments stay up after
 //! the demo (it prints how to remove them), like the environment.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::time::Duration;
 
 use kube::{Api, ResourceExt, api::DynamicObject};
 use replicator::copy::copy_name;
@@ -18,106 +18,10 @@ use replicator_e2e::{
     fixtures::{self, CONVERGE},
     node,
 };
-use serde_json::json;
 
 const NAMESPACE: &str = "demo";
-const RULES: [&str; 5] = [
-    "networks",
-    "networkcontexts",
-    "subnets",
-    "networkinterfaces",
-    "endpointslices",
-];
-
-fn long_name() -> String {
-    let stem = "galactic-pod-with-a-very-long-generated-name-";
-    let mut name = stem.repeat(6);
-    name.truncate(236);
-    format!("{name}-x9z")
-}
-
-/// Writes the sample input into `cell` for `location`, returning the names written per rule.
-async fn sample_input(
-    env: &Environment,
-    cell: Cluster,
-    location: &str,
-) -> anyhow::Result<BTreeMap<&'static str, Vec<String>>> {
-    let client = env.client(cell).await?;
-    let mut written: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
-    let mut put = |rule: &'static str, name: String| written.entry(rule).or_default().push(name);
-
-    let ns = NAMESPACE;
-    fixtures::apply(
-        &client,
-        &fixtures::resource("networks")?,
-        &fixtures::network(ns, "default"),
-    )
-    .await?;
-    put("networks", "default".into());
-    let ctx = format!("default-{location}");
-    fixtures::apply(
-        &client,
-        &fixtures::resource("networkcontexts")?,
-        &fixtures::network_context(ns, &ctx, "default", location),
-    )
-    .await?;
-    put("networkcontexts", ctx.clone());
-    let subnet = format!("{ctx}-1");
-    fixtures::apply(
-        &client,
-        &fixtures::resource("subnets")?,
-        &fixtures::subnet(ns, &subnet, "default", &ctx, location),
-    )
-    .await?;
-    put("subnets", subnet);
-    let ni = fixtures::resource("networkinterfaces")?;
-    for i in 0..2 {
-        let name = format!("web-{i}-eth0");
-        let mut interface = fixtures::network_interface(ns, &name, "default", &format!("web-{i}"), "web", location);
-        let site = if location == "dfw" { 1 } else { 2 };
-        interface["spec"]["addresses"] =
-            json!([{"family": "IPv6", "address": format!("fd20:0:{site}:1::{}/64", 10 + i), "primary": true}]);
-        fixtures::apply(&client, &ni, &interface).await?;
-        fixtures::set_status(&client, &ni, ns, &name, fixtures::bound_status(true)).await?;
-        put("networkinterfaces", name);
-    }
-    let es = fixtures::resource("endpointslices")?;
-    let sid = format!("fc00:0:{}:e000::", if location == "dfw" { 1 } else { 2 });
-    let pod = format!("web-0-{location}");
-    fixtures::apply(
-        &client,
-        &es,
-        &fixtures::galactic_slice(
-            ns,
-            &pod,
-            json!([fixtures::pod_endpoint("fd20:0:0:1::10", &pod)]),
-            Some(&sid),
-        ),
-    )
-    .await?;
-    put("endpointslices", pod);
-    let long = long_name();
-    fixtures::apply(
-        &client,
-        &es,
-        &fixtures::galactic_slice(
-            ns,
-            &long,
-            json!([fixtures::pod_endpoint("fd20:0:0:1::11", "long")]),
-            Some(&sid),
-        ),
-    )
-    .await?;
-    put("endpointslices", long);
-    fixtures::apply(
-        &client,
-        &es,
-        &fixtures::galactic_slice(ns, "empty-pod", json!([]), None),
-    )
-    .await?;
-    put("endpointslices", "empty-pod".into());
-    Ok(written)
-}
+/// The kinds of the sample input, in the tables' order.
+const RULES: [&str; 5] = fixtures::SAMPLE_RULES;
 
 fn rss_kib(pid: u32) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -176,7 +80,12 @@ async fn main() -> anyhow::Result<()> {
     println!("== writing sample input into both cells");
     let mut written = Vec::new();
     for (cell, location) in cells {
-        written.push((cell, location, sample_input(&env, cell, location).await?));
+        let site = if location == "dfw" { 1 } else { 2 };
+        written.push((
+            cell,
+            location,
+            fixtures::sample_input(&env.client(cell).await?, NAMESPACE, location, site).await?,
+        ));
     }
 
     let hub = env.client(HUB).await?;
