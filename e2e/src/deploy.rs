@@ -637,16 +637,44 @@ pub fn holder(lease: &Lease) -> Option<Holder> {
     })
 }
 
-/// `GET http://<pod IP>:8080/metrics` from the host.
+/// `GET http://<pod IP>:8080/metrics` from the host, with no `Accept` header (the body is
+/// OpenMetrics text).
 ///
 /// # Errors
 /// The pod has no IP yet, or the request fails or answers other than 200.
 pub async fn scrape_metrics(pod: &Pod) -> Result<String> {
+    scrape_metrics_accepting(pod, None).await.map(|(_, body)| body)
+}
+
+/// `GET http://<pod IP>:8080/metrics` from the host with `Accept: <accept>` (none when `None`):
+/// the response's `content-type` (empty when absent) and body.
+///
+/// # Errors
+/// As [`scrape_metrics`].
+pub async fn scrape_metrics_accepting(pod: &Pod, accept: Option<&str>) -> Result<(String, String)> {
     let ip = pod_ip(pod).ok_or_else(|| Error::Scenario(format!("pod {} has no IP yet", pod.name_any())))?;
     let url = format!("http://{ip}:{METRICS_PORT}/metrics");
-    match http_get(&url).await? {
-        (200, body) => Ok(body),
-        (status, body) => Err(Error::Scenario(format!("{url} answered {status}: {body}"))),
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    let mut request = client.get(&url);
+    if let Some(accept) = accept {
+        request = request.header(reqwest::header::ACCEPT, accept);
+    }
+    let response = request.send().await?;
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let body = response.text().await?;
+    if status == 200 {
+        Ok((content_type, body))
+    } else {
+        Err(Error::Scenario(format!("{url} answered {status}: {body}")))
     }
 }
 

@@ -380,9 +380,172 @@ pub fn encode(registry: &Registry) -> Result<String, std::fmt::Error> {
     Ok(out)
 }
 
+/// Encodes `registry` in the classic Prometheus text format 0.0.4: [`encode`]'s body through
+/// [`openmetrics_to_text`]. Served by `/metrics` to a client that asks for `text/plain` (and
+/// what `promtool check metrics` lints).
+///
+/// # Errors
+/// As [`encode`].
+pub fn encode_text(registry: &Registry) -> Result<String, std::fmt::Error> {
+    encode(registry).map(|body| openmetrics_to_text(&body))
+}
+
+/// Rewrites the OpenMetrics 1.0 text `prometheus-client` writes as Prometheus text format 0.0.4,
+/// sample for sample. The two differ only in their metadata:
+/// - a counter family `x` (samples `x_total`) is named `x_total` in its `# HELP` and `# TYPE`;
+/// - an info family `x` (samples `x_info`) becomes gauge `x_info`; `unknown` becomes `untyped`;
+/// - `# UNIT` and `# EOF` lines, `_created` samples of counters and exemplars are dropped;
+/// - `\"` in help text (OpenMetrics escapes quotes there) becomes `"`.
+///
+/// Pure; lines it does not recognise pass through unchanged.
+pub fn openmetrics_to_text(body: &str) -> String {
+    let mut out = String::with_capacity(body.len());
+    // The family whose metadata was last seen: its name and OpenMetrics type.
+    let mut family: Option<(String, String)> = None;
+    let mut help: Option<(String, String)> = None;
+    for line in body.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, text) = rest.split_once(' ').unwrap_or((rest, ""));
+            help = Some((name.to_owned(), text.replace("\\\"", "\"")));
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "unknown"));
+            let (text_name, text_kind) = match kind {
+                "counter" => (format!("{name}_total"), "counter"),
+                "info" => (format!("{name}_info"), "gauge"),
+                "gauge" | "histogram" | "summary" => (name.to_owned(), kind),
+                _ => (name.to_owned(), "untyped"),
+            };
+            match help.take() {
+                Some((help_name, text)) if help_name == name => out.push_str(&format!("# HELP {text_name} {text}\n")),
+                Some((help_name, text)) => out.push_str(&format!("# HELP {help_name} {text}\n")),
+                None => {}
+            }
+            out.push_str(&format!("# TYPE {text_name} {text_kind}\n"));
+            family = Some((name.to_owned(), kind.to_owned()));
+            continue;
+        }
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        if let Some((name, text)) = help.take() {
+            // A help line with no type line after it: keep it as it was.
+            out.push_str(&format!("# HELP {name} {text}\n"));
+        }
+        if line.starts_with('#') {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        let sample = without_exemplar(line);
+        let created = family
+            .as_ref()
+            .is_some_and(|(name, kind)| kind == "counter" && sample.starts_with(&format!("{name}_created")));
+        if !created {
+            out.push_str(sample);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// `line` without a trailing ` # {...} value` exemplar: the first ` # ` outside a quoted label
+/// value.
+fn without_exemplar(line: &str) -> &str {
+    let bytes = line.as_bytes();
+    let (mut quoted, mut escaped) = (false, false);
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            _ if escaped => escaped = false,
+            b'\\' if quoted => escaped = true,
+            b'"' => quoted = !quoted,
+            b'#' if !quoted && i > 0 && bytes[i - 1] == b' ' => return line[..i - 1].trim_end(),
+            _ => {}
+        }
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn openmetrics_becomes_classic_text() {
+        let body = "\
+# HELP replicator_writes Hub writes.
+# TYPE replicator_writes counter
+replicator_writes_total{op=\"create\",kind=\"a # b\"} 3 # {trace_id=\"x\"} 1.0
+replicator_writes_created{op=\"create\",kind=\"a # b\"} 1700000000.0
+# HELP replicator_copies Copies \\\"held\\\".
+# TYPE replicator_copies gauge
+replicator_copies 7
+# HELP replicator_lag_seconds Lag.
+# TYPE replicator_lag_seconds histogram
+# UNIT replicator_lag_seconds seconds
+replicator_lag_seconds_sum 1.5
+replicator_lag_seconds_count 2
+replicator_lag_seconds_bucket{le=\"+Inf\"} 2
+# HELP replicator_build Build.
+# TYPE replicator_build info
+replicator_build_info{version=\"0.1.0\"} 1
+# HELP replicator_odd Odd.
+# TYPE replicator_odd unknown
+replicator_odd 1
+# EOF
+";
+        let expected = "\
+# HELP replicator_writes_total Hub writes.
+# TYPE replicator_writes_total counter
+replicator_writes_total{op=\"create\",kind=\"a # b\"} 3
+# HELP replicator_copies Copies \"held\".
+# TYPE replicator_copies gauge
+replicator_copies 7
+# HELP replicator_lag_seconds Lag.
+# TYPE replicator_lag_seconds histogram
+replicator_lag_seconds_sum 1.5
+replicator_lag_seconds_count 2
+replicator_lag_seconds_bucket{le=\"+Inf\"} 2
+# HELP replicator_build_info Build.
+# TYPE replicator_build_info gauge
+replicator_build_info{version=\"0.1.0\"} 1
+# HELP replicator_odd Odd.
+# TYPE replicator_odd untyped
+replicator_odd 1
+";
+        assert_eq!(openmetrics_to_text(body), expected);
+    }
+
+    #[test]
+    fn the_registry_in_classic_text_has_every_sample_of_the_openmetrics_body() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        m.copies
+            .get_or_create(&KindLabels {
+                kind: "NetworkInterface".into(),
+                location: "dfw".into(),
+            })
+            .set(4);
+        let openmetrics = encode(&registry).unwrap();
+        let text = encode_text(&registry).unwrap();
+        let samples = |body: &str| -> Vec<String> {
+            body.lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(str::to_owned)
+                .collect()
+        };
+        assert_eq!(samples(&openmetrics), samples(&text));
+        assert!(
+            text.contains("\nreplicator_copies{kind=\"NetworkInterface\",location=\"dfw\"} 4\n"),
+            "{text}"
+        );
+        assert!(!text.contains("# EOF") && !text.contains("# UNIT"), "{text}");
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let name = line.split(' ').nth(2).unwrap();
+            assert!(text.contains(&format!("# HELP {name} ")), "no help for {name}");
+        }
+    }
 
     #[test]
     fn names_are_the_fixed_design_names() {
