@@ -600,15 +600,10 @@ pub struct Holder {
 }
 
 impl Holder {
-    /// The pod of the identity: everything before the last `_`.
+    /// The pod of the identity: a replica's identity is its pod name (`$POD_NAME`).
     pub fn pod(&self) -> &str {
-        holder_pod(&self.identity)
+        &self.identity
     }
-}
-
-/// The pod name in a holder identity `<pod name>_<pid>`.
-pub fn holder_pod(identity: &str) -> &str {
-    identity.rsplit_once('_').map_or(identity, |(pod, _)| pod)
 }
 
 /// The name of a location's Lease: `replicator-<location>`.
@@ -1048,11 +1043,5 @@ mod tests {
         assert!(text.contains("- ../../../config/hub\n"), "{text}");
         assert!(overlay_text(&dir, Base::Overlay("dfw"), "localhost:5000/r").is_err());
         Ok(())
-    }
-
-    #[test]
-    fn holder_identities_name_their_pod() {
-        assert_eq!(holder_pod("replicator-cf998d5cb-l49pw_1"), "replicator-cf998d5cb-l49pw");
-        assert_eq!(holder_pod("plain"), "plain");
     }
 }

@@ -6,6 +6,7 @@ use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
@@ -51,6 +52,7 @@ pub struct ReplicatorSpec {
     cells: Vec<(Cluster, String)>,
     args: Vec<OsString>,
     envs: Vec<(OsString, OsString)>,
+    identity: Option<String>,
 }
 
 impl ReplicatorSpec {
@@ -68,6 +70,7 @@ impl ReplicatorSpec {
             cells: Vec::new(),
             args: Vec::new(),
             envs: Vec::new(),
+            identity: None,
         }
     }
 
@@ -119,6 +122,16 @@ impl ReplicatorSpec {
         self.credentials
     }
 
+    /// Runs `replicator run` with `--identity <identity>`: a process spawned again with the
+    /// identity of one that was killed is the same replica restarted (as a container restarted
+    /// in its pod keeps `$POD_NAME`). Default: an identity no other process of this machine has
+    /// ([`ReplicatorProcess::identity`] tells it).
+    #[must_use]
+    pub fn identity(mut self, identity: impl Into<String>) -> ReplicatorSpec {
+        self.identity = Some(identity.into());
+        self
+    }
+
     /// Overrides `--location`.
     #[must_use]
     pub fn location(mut self, location: impl Into<String>) -> ReplicatorSpec {
@@ -165,6 +178,7 @@ pub struct ReplicatorProcess {
     child: Child,
     pid: u32,
     location: String,
+    identity: String,
     metrics_addr: SocketAddr,
     health_addr: SocketAddr,
     log: PathBuf,
@@ -238,7 +252,19 @@ impl ReplicatorProcess {
             "--health-probe-bind-address".into(),
             health_addr.to_string().into(),
         ]);
+        let identity = spec.identity.clone().unwrap_or_else(|| {
+            static SPAWNED: AtomicU32 = AtomicU32::new(0);
+            format!(
+                "e2e-{}-{}-{}",
+                spec.location,
+                std::process::id(),
+                SPAWNED.fetch_add(1, Ordering::Relaxed)
+            )
+        });
         if !spec.membership {
+            // Every process is its own replica unless the scenario says it restarts one: the
+            // product's default identity (the host name) is shared by every process here.
+            args.extend(["--identity".into(), identity.clone().into()]);
             // The rendered Lease Role lives in the identities' namespace, so the Leases do too;
             // an admin process uses `default`, which no scenario removes.
             let namespace = if identities.is_some() {
@@ -281,6 +307,7 @@ impl ReplicatorProcess {
             child,
             pid,
             location: spec.location,
+            identity,
             metrics_addr,
             health_addr,
             log,
@@ -291,6 +318,11 @@ impl ReplicatorProcess {
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The `--identity` it runs with (a membership process: the one it would have).
+    pub fn identity(&self) -> &str {
+        &self.identity
     }
 
     /// The `--location` it runs with.

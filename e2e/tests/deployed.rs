@@ -169,12 +169,10 @@ async fn wait_leader(
     .await?)
 }
 
-/// The pod whose name the holder identity starts with (`<pod>_<pid>`): exactly one of `pods`.
+/// The pod the holder identity names (a replica's identity is its pod name): exactly one of
+/// `pods`.
 fn holding_pod<'a>(holder: &Holder, pods: &'a [Pod]) -> anyhow::Result<&'a Pod> {
-    let holding: Vec<&Pod> = pods
-        .iter()
-        .filter(|p| holder.identity.starts_with(&format!("{}_", p.name_any())))
-        .collect();
+    let holding: Vec<&Pod> = pods.iter().filter(|p| holder.identity == p.name_any()).collect();
     match holding.as_slice() {
         [pod] => Ok(pod),
         _ => Err(anyhow!(

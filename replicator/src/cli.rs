@@ -146,8 +146,9 @@ pub struct RunArgs {
     /// How long before expiry the leader renews (below --lease-duration).
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub lease_grace: Duration,
-    /// This replica's identity in the Lease; `$POD_NAME` (else the host name) and the pid when
-    /// absent.
+    /// This replica's identity in the Lease: `$POD_NAME`, else the host name, when absent. It is
+    /// stable across restarts, so a restarted replica resumes its own Lease at once; give each
+    /// process its own when several run on one host outside Kubernetes.
     #[arg(long, env = "REPLICATOR_IDENTITY")]
     pub identity: Option<String>,
     /// Withdraw a cell's copies from the hub once the cell has been unreachable this long, as

@@ -43,17 +43,27 @@ pub fn lease_name(location: &str) -> String {
     format!("replicator-{location}")
 }
 
-/// The default identity: `$POD_NAME`, else the host name, followed by `_<pid>` so two processes
-/// on one host (tests, a laptop) never share an identity.
+/// The default identity: `$POD_NAME`, else the host name, else `replicator`. Stable across the
+/// process's own restarts, so a replica restarted in its pod (a crash, an OOM kill, a kubelet
+/// restart of the container) finds the Lease still held by itself and resumes leading at once
+/// instead of waiting out the Lease. Two processes sharing a host outside Kubernetes must each
+/// be given `--identity`: two replicas with one identity would both lead.
 pub fn default_identity() -> String {
-    let host = std::env::var("POD_NAME")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+    identity_from(
+        std::env::var("POD_NAME").ok(),
+        std::fs::read_to_string("/proc/sys/kernel/hostname").ok(),
+    )
+}
+
+/// [`default_identity`] from the values it reads: the first non-blank of `pod_name` and
+/// `hostname`, trimmed; `replicator` when both are blank or absent.
+pub fn identity_from(pod_name: Option<String>, hostname: Option<String>) -> String {
+    [pod_name, hostname]
+        .into_iter()
+        .flatten()
         .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "replicator".to_owned());
-    format!("{host}_{}", std::process::id())
+        .find(|s| !s.is_empty())
+        .unwrap_or_else(|| "replicator".to_owned())
 }
 
 /// Checks `duration` and `grace` as the Lease manager needs them.
@@ -302,12 +312,17 @@ mod tests {
     #[test]
     fn lease_names_and_identities() {
         assert_eq!(lease_name("dfw"), "replicator-dfw");
-        let id = default_identity();
-        assert!(
-            id.ends_with(&format!("_{}", std::process::id())),
-            "{id} ends with the pid"
+        let some = |s: &str| Some(s.to_owned());
+        assert_eq!(
+            identity_from(some("replicator-7d9f-x2x"), some("node-1\n")),
+            "replicator-7d9f-x2x"
         );
-        assert!(id.len() > 2);
+        assert_eq!(identity_from(some(" "), some("node-1\n")), "node-1");
+        assert_eq!(identity_from(None, some("node-1\n")), "node-1");
+        assert_eq!(identity_from(None, None), "replicator");
+        assert_eq!(identity_from(some(""), some("\n")), "replicator");
+        // Stable across restarts: nothing of the process (its pid) is in it.
+        assert!(!default_identity().contains(&std::process::id().to_string()));
     }
 
     #[test]
