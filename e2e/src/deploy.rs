@@ -731,7 +731,7 @@ where
 /// included) and each cell's `replicator-system` (waited for: the pods stop first, and a stopping
 /// leader releases its Lease), the scenario's namespaces (waited for), the copies its locations
 /// published on the hub since [`Teardown::new`] (elsewhere too: a deployed replicator mirrors
-/// the whole cell), the locations' Leases, and its files under `<target>/deploy`.
+/// the whole cell), the locations' Leases (deployed or bare), and its files under `<target>/deploy`.
 ///
 /// Run it with [`Teardown::finish`] to see errors; a panicking scenario runs it on drop.
 #[derive(Debug)]
@@ -878,11 +878,15 @@ impl Teardown {
                     .ok_or_else(|| Error::Scenario(format!("copy {namespace}/{name} of unknown kind")))?;
                 crate::fixtures::delete(&hub, &resource, &namespace, &name).await?;
             }
-            let leases = Api::<Lease>::namespaced(hub.clone(), SYSTEM_NAMESPACE);
-            match leases.delete(&lease_name(location), &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e.into()),
+            // Deployed replicas keep their Leases in `replicator-system`, bare processes in the
+            // harness identities' namespace.
+            for namespace in [SYSTEM_NAMESPACE, crate::rbac::NAMESPACE] {
+                let leases = Api::<Lease>::namespaced(hub.clone(), namespace);
+                match leases.delete(&lease_name(location), &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
             }
         }
         Ok(())

@@ -30,6 +30,9 @@ pub enum WriteOp {
     delete,
     /// The copy already held the desired content: no request was sent.
     skipped,
+    /// The copy differed from its source in an immutable field (a slice's `addressType`): it
+    /// was deleted and created again.
+    replace,
 }
 
 /// Labels of `replicator_writes_total`.

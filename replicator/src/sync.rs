@@ -119,6 +119,19 @@ impl ErrorClass {
     }
 }
 
+/// Whether the apiserver refused a write because it would change an immutable field (422, a
+/// cause or message `field is immutable`, as built-in kinds say, e.g. an EndpointSlice's
+/// `addressType`): the object must be replaced, not patched.
+pub fn is_immutable_change(status: &kube::core::Status) -> bool {
+    const IMMUTABLE: &str = "field is immutable";
+    status.code == 422
+        && (status.message.contains(IMMUTABLE)
+            || status
+                .details
+                .as_ref()
+                .is_some_and(|d| d.causes.iter().any(|c| c.message.contains(IMMUTABLE))))
+}
+
 /// Classifies a Kubernetes client error.
 pub fn classify(err: &kube::Error) -> ErrorClass {
     match err {
@@ -1133,14 +1146,14 @@ impl CellSync {
                     }
                 }
                 let writing = Writing::begin(self, key, copy_name.clone());
-                self.apply_copy(&api, &writing.id, &desired, existing.as_ref()).await?;
+                let replaced = self.apply_copy(&api, &writing.id, &desired, existing.as_ref()).await?;
                 drop(writing);
                 self.write_done(
                     key,
-                    if existing.is_some() {
-                        WriteOp::update
-                    } else {
-                        WriteOp::create
+                    match (replaced, existing.is_some()) {
+                        (true, _) => WriteOp::replace,
+                        (false, true) => WriteOp::update,
+                        (false, false) => WriteOp::create,
                     },
                 );
                 tracing::debug!(copy = %copy_name, "copy applied");
@@ -1151,18 +1164,34 @@ impl CellSync {
 
     /// Server-side applies `desired` to copy `id` (and its status, when the carried status
     /// differs from `existing`'s), recording each write's resourceVersion as an awaited echo.
+    /// A copy the apiserver refuses to change because an immutable field differs
+    /// ([`is_immutable_change`]) is replaced: deleted with the UID of `existing`, then created.
+    /// Returns whether it was replaced.
     async fn apply_copy(
         &self,
         api: &Api<DynamicObject>,
         id: &CopyId,
         desired: &copy::Desired,
         existing: Option<&DynamicObject>,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let params = PatchParams::apply(&self.field_manager).force();
-        let applied = api
-            .patch(&desired.name, &params, &Patch::Apply(&desired.object))
-            .await
-            .map_err(Error::Hub)?;
+        let mut replaced = false;
+        let applied = match api.patch(&desired.name, &params, &Patch::Apply(&desired.object)).await {
+            Ok(applied) => applied,
+            Err(kube::Error::Api(status)) if is_immutable_change(&status) && existing.is_some() => {
+                // The source was re-created with another value of an immutable field (a slice's
+                // addressType) while nothing watched: no apply can ever bring the copy along.
+                // Replace it: delete exactly the copy read (UID precondition), then create.
+                let uid = existing.and_then(ResourceExt::uid);
+                tracing::info!(copy = %desired.name, reason = %status.message, "replacing the copy: an immutable field differs from its source");
+                self.delete_uid(api, &desired.name, uid).await?;
+                replaced = true;
+                api.patch(&desired.name, &params, &Patch::Apply(&desired.object))
+                    .await
+                    .map_err(Error::Hub)?
+            }
+            Err(e) => return Err(Error::Hub(e)),
+        };
         lock(&self.echoes).wrote(id, applied.resource_version());
         // A change that leaves the carried status as the copy has it (a label, a spec field)
         // needs no status write.
@@ -1174,7 +1203,7 @@ impl CellSync {
                 .map_err(Error::Hub)?;
             lock(&self.echoes).wrote(id, applied.resource_version());
         }
-        Ok(())
+        Ok(replaced)
     }
 
     fn not_ours(&self, namespace: &str, name: &str) -> Error {
@@ -1364,5 +1393,40 @@ mod tests {
         assert_eq!(classify(&api(409)), ErrorClass::Transient);
         assert_eq!(classify(&api(503)), ErrorClass::Transient);
         assert_eq!(ErrorClass::NamespaceMissing.metric_label(), "namespace_missing");
+    }
+
+    #[test]
+    fn immutable_field_refusals_are_told_apart() {
+        let status = |code: u16, message: &str, cause: Option<&str>| kube::core::Status {
+            code,
+            message: message.into(),
+            details: cause.map(|c| kube::core::response::StatusDetails {
+                name: "web-dfw".into(),
+                group: "discovery.k8s.io".into(),
+                kind: "EndpointSlice".into(),
+                uid: String::new(),
+                causes: vec![kube::core::response::StatusCause {
+                    reason: "FieldValueInvalid".into(),
+                    message: c.into(),
+                    field: "addressType".into(),
+                }],
+                retry_after_seconds: 0,
+            }),
+            ..kube::core::Status::default()
+        };
+        let immutable = "EndpointSlice.discovery.k8s.io \"web-dfw\" is invalid: addressType: Invalid value: \"IPv4\": field is immutable";
+        assert!(is_immutable_change(&status(422, immutable, None)));
+        assert!(is_immutable_change(&status(
+            422,
+            "is invalid",
+            Some("Invalid value: \"IPv4\": field is immutable")
+        )));
+        assert!(!is_immutable_change(&status(
+            422,
+            "metadata.labels: Invalid value",
+            None
+        )));
+        assert!(!is_immutable_change(&status(409, immutable, None)));
+        assert!(!is_immutable_change(&status(400, immutable, None)));
     }
 }
