@@ -27,7 +27,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, DynamicObject, GetParams, Patch, PatchParams, Preconditions},
+    api::{DeleteParams, DynamicObject, GetParams, ListParams, Patch, PatchParams, Preconditions},
     discovery::ApiResource,
     runtime::{
         WatchStreamExt,
@@ -165,6 +165,9 @@ pub enum Error {
         /// This location.
         location: String,
     },
+    /// A confirming read of the cell failed (the copy it was about stays as it is).
+    #[error("cell read failed: {0}")]
+    Cell(#[source] kube::Error),
     /// The source cannot be turned into a copy.
     #[error("source cannot be copied: {0}")]
     Source(#[from] copy::Error),
@@ -187,6 +190,8 @@ impl Error {
     pub fn class(&self) -> ErrorClass {
         match self {
             Self::Hub(e) => classify(e),
+            // Retried with backoff; never taken for the hub being down.
+            Self::Cell(_) => ErrorClass::Transient,
             Self::NotOurs { .. } => ErrorClass::NotOurs,
             Self::Source(_) | Self::Cache { .. } => ErrorClass::SourceInvalid,
         }
@@ -1083,18 +1088,39 @@ impl CellSync {
                 routing
             }
             Err(unroutable) => {
-                if self.set_unroutable(state, key, true) {
-                    tracing::warn!(reason = %unroutable, "source not published: namespace is not routable");
-                    self.publish_event(
-                        key,
-                        EventType::Warning,
-                        "Unroutable",
-                        &format!("not published to the hub: {unroutable}"),
-                    )
-                    .await;
+                // A copy published under the old routing must not stay: Karmada would go on
+                // delivering it to the old project. Before withdrawing it, confirm with a read of
+                // the cell (as the sweep does before deleting): a cache behind the cell must not
+                // withdraw anything.
+                let has_copy = state.copies.get(&cache::key(&key.namespace, &copy_name)).is_some();
+                let confirmed = if has_copy {
+                    match self.read_routing(&key.namespace).await? {
+                        Ok(routing) => Some(routing),
+                        Err(confirmed) => {
+                            self.withdraw_unroutable(state, key, &copy_name, &confirmed).await?;
+                            None
+                        }
+                    }
+                } else {
+                    None
+                };
+                match confirmed {
+                    Some(routing) => routing,
+                    None => {
+                        if self.set_unroutable(state, key, true) {
+                            tracing::warn!(reason = %unroutable, "source not published: namespace is not routable");
+                            self.publish_event(
+                                key,
+                                EventType::Warning,
+                                "Unroutable",
+                                &format!("not published to the hub: {unroutable}"),
+                            )
+                            .await;
+                        }
+                        lock(&self.first_seen).remove(key);
+                        return Ok(());
+                    }
                 }
-                lock(&self.first_seen).remove(key);
-                return Ok(());
             }
         };
         let source = source.object().map_err(|e| Error::Cache {
@@ -1267,6 +1293,43 @@ impl CellSync {
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
             Err(e) => Err(Error::Hub(e)),
         }
+    }
+
+    /// The routing of `namespace` as the cell has it now: a consistent LIST of that one
+    /// namespace (the role's `list`, no `get` needed), not the cache.
+    ///
+    /// # Errors
+    /// [`Error::Cell`] when the cell cannot be read; the caller keeps the copy.
+    async fn read_routing(&self, namespace: &str) -> Result<Result<routing::Routing, routing::Unroutable>, Error> {
+        let api = Api::<Namespace>::all(self.cell.clone());
+        let params = ListParams::default().fields(&format!("metadata.name={namespace}"));
+        let listed = api.list_metadata(&params).await.map_err(Error::Cell)?;
+        let labels = listed.items.first().map(|ns| ns.labels().clone());
+        Ok(routing::resolve(namespace, labels.as_ref()))
+    }
+
+    /// Withdraws the copy of `key` because its namespace is no longer routable (`why`, confirmed
+    /// with the cell): the copy is deleted (UID precondition), the source gets a `Withdrawn`
+    /// Event and the delete is counted as a write.
+    async fn withdraw_unroutable(
+        &self,
+        state: &RuleState,
+        key: &Key,
+        copy_name: &str,
+        why: &routing::Unroutable,
+    ) -> Result<(), Error> {
+        if self.withdraw(state, &key.namespace, copy_name).await? {
+            tracing::warn!(copy = %copy_name, reason = %why, "copy withdrawn: its namespace is no longer routable");
+            self.publish_event(
+                key,
+                EventType::Warning,
+                "Withdrawn",
+                &format!("copy {}/{copy_name} withdrawn from the hub: {why}", key.namespace),
+            )
+            .await;
+            self.write_done(key, WriteOp::delete);
+        }
+        Ok(())
     }
 
     /// Records whether `key` is unroutable; returns true when it just became unroutable.
