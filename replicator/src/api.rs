@@ -299,6 +299,26 @@ pub struct ServicePort {
     /// Protocol, `TCP` by default.
     #[serde(default)]
     pub protocol: Protocol,
+    /// Application protocol carried as `appProtocol` on every EndpointSlice port of this
+    /// service port (a gateway reads it to pick how it speaks to the members): an IANA service
+    /// name or a `domain/name` qualified name; `http` when absent.
+    #[serde(default, rename = "appProtocol", skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"),
+        extend("default" = "http")
+    )]
+    pub app_protocol: Option<String>,
+}
+
+/// The `appProtocol` of a service port that names none.
+pub const DEFAULT_APP_PROTOCOL: &str = "http";
+
+impl ServicePort {
+    /// The port's application protocol: `appProtocol`, else [`DEFAULT_APP_PROTOCOL`].
+    pub fn app_protocol(&self) -> &str {
+        self.app_protocol.as_deref().unwrap_or(DEFAULT_APP_PROTOCOL)
+    }
 }
 
 /// How traffic is spread over a service's locations. Single-valued today; additive later.
@@ -333,6 +353,7 @@ pub struct TrafficDistribution {
     printcolumn = r#"{"name":"Healthy","type":"integer","jsonPath":".status.summary.healthy"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#
 )]
+#[kube(validation = Rule::new("size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("a NetworkService name must be a DNS label (at most 63 lowercase letters, digits and '-'): its EndpointSlice names are built from it"))]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.ports.all(p, self.ports.exists_one(q, q.name == p.name))").message("port names must be unique"))]
 #[x_kube(validation = Rule::new("self.ports.all(p, self.ports.exists_one(q, q.port == p.port))").message("port numbers must be unique"))]

@@ -1,4 +1,5 @@
-//! Leader election: one writer per location, decided on a Lease on the hub.
+//! Leader election: one writer per location, decided on a Lease on the hub; and one writer of
+//! `replicator membership`, on its own Lease ([`run_on`]).
 //!
 //! Leader election on a hub Lease per location; standbys keep warm caches and take over without a
 //! relist. Every replica of a location runs its reflectors and queue all the
@@ -127,6 +128,20 @@ pub async fn run(
 ) {
     let lease = lease_name(&location);
     let span = tracing::info_span!("election", cluster = "hub", location = %location, lease = %lease);
+    elect(hub, lease, settings, cancel, reports).instrument(span).await;
+}
+
+/// As [`run`], on the Lease named `lease` rather than a location's: `replicator membership`
+/// elects its one writer among its replicas on `replicator.membership`
+/// ([`crate::membership::LEASE`]).
+pub async fn run_on(
+    hub: Client,
+    lease: String,
+    settings: Settings,
+    cancel: CancellationToken,
+    reports: Reports<impl Fn(bool), impl Fn(ErrorClass)>,
+) {
+    let span = tracing::info_span!("election", cluster = "hub", lease = %lease);
     elect(hub, lease, settings, cancel, reports).instrument(span).await;
 }
 

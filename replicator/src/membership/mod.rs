@@ -11,6 +11,9 @@
 pub mod endpoints;
 pub mod rollup;
 
+use endpoints::Ownership;
+use rollup::SlicesOutcome;
+
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     path::PathBuf,
@@ -22,7 +25,7 @@ use futures::StreamExt;
 use k8s_openapi::{api::core::v1::Namespace, api::discovery::v1::EndpointSlice, jiff::Timestamp};
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{DeleteParams, DynamicObject, Patch, PatchParams},
+    api::{DeleteParams, DynamicObject, Patch, PatchParams, Preconditions},
     core::{Selector, SelectorExt},
     runtime::{
         WatchStreamExt,
@@ -52,6 +55,15 @@ use crate::{
 /// Field manager of the status and slices this controller writes.
 pub const FIELD_MANAGER: &str = "replicator-membership";
 
+/// The hub Lease the membership replicas elect their writer on (in `--lease-namespace`). The
+/// `.` keeps it apart from every `replicator-<location>` Lease of `replicator run` (a location
+/// is a DNS label, so it has none).
+pub const LEASE: &str = "replicator.membership";
+
+/// How soon a service whose slices are taken or refused is looked at again (the other slice
+/// may go without an event this controller watches: a hand-made one carries none of its labels).
+const RECHECK: Duration = Duration::from_secs(60);
+
 /// Flags of `replicator membership`.
 #[derive(Debug, clap::Args)]
 pub struct MembershipArgs {
@@ -72,6 +84,27 @@ pub struct MembershipArgs {
     /// Concurrent service workers.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
+    /// Elect one writer among the replicas on hub Lease `replicator.membership` ([`LEASE`]);
+    /// standbys keep warm caches. With `false` this process writes unconditionally (run exactly
+    /// one replica then).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "REPLICATOR_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// Namespace of the Lease on the hub (created by config/rbac/hub).
+    #[arg(long, default_value = "replicator-system", env = "REPLICATOR_LEASE_NAMESPACE")]
+    pub lease_namespace: String,
+    /// How long the Lease stays valid without renewal: a killed leader is replaced within this
+    /// (whole seconds, at least 2s).
+    #[arg(long, default_value = "15s", value_parser = crate::cli::parse_duration)]
+    pub lease_duration: Duration,
+    /// How long before expiry the leader renews (whole seconds, at least 1s, below
+    /// --lease-duration).
+    #[arg(long, default_value = "5s", value_parser = crate::cli::parse_duration)]
+    pub lease_grace: Duration,
+    /// This replica's identity in the Lease: `$POD_NAME`, else the host name, when absent. It is
+    /// stable across restarts, so a restarted replica resumes its own Lease at once; give each
+    /// process its own when several run on one host outside Kubernetes.
+    #[arg(long, env = "REPLICATOR_IDENTITY")]
+    pub identity: Option<String>,
     /// Logging.
     #[command(flatten)]
     pub log: crate::cli::LogArgs,
@@ -108,6 +141,15 @@ pub struct Metrics {
     pub status_writes: Counter,
     /// `replicator_membership_passes_total`: completed service passes.
     pub passes: Counter,
+    /// `replicator_membership_slice_conflicts`: desired EndpointSlice names of a service held
+    /// by a slice that is not its own (left untouched).
+    pub slice_conflicts: Family<ServiceLabels, Gauge>,
+    /// `replicator_membership_slices_rejected`: desired EndpointSlices of a service the hub
+    /// refused in the last pass (invalid, forbidden).
+    pub slices_rejected: Family<ServiceLabels, Gauge>,
+    /// `replicator_membership_leader`: 1 while this replica holds the membership Lease (or runs
+    /// with `--leader-elect=false`).
+    pub leader: Gauge,
 }
 
 impl Metrics {
@@ -120,6 +162,9 @@ impl Metrics {
             hub_up: Gauge::default(),
             status_writes: Counter::default(),
             passes: Counter::default(),
+            slice_conflicts: Family::default(),
+            slices_rejected: Family::default(),
+            leader: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("replicator_membership");
         r.register("members", "Members of a NetworkService", m.members.clone());
@@ -136,6 +181,21 @@ impl Metrics {
         );
         r.register("status_writes", "NetworkService status writes", m.status_writes.clone());
         r.register("passes", "Completed service passes", m.passes.clone());
+        r.register(
+            "slice_conflicts",
+            "Desired EndpointSlice names of a NetworkService held by a slice that is not its own (left untouched; condition SlicesPublished reason SliceNameConflict)",
+            m.slice_conflicts.clone(),
+        );
+        r.register(
+            "slices_rejected",
+            "Desired EndpointSlices of a NetworkService the hub refused in the last pass (condition SlicesPublished reason SliceRejected)",
+            m.slices_rejected.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this replica holds the membership Lease and writes status and slices",
+            m.leader.clone(),
+        );
         m
     }
 }
@@ -155,6 +215,8 @@ pub struct Controller {
     matched: Mutex<HashMap<Key, HashSet<String>>>,
     attempts: Mutex<HashMap<Key, u32>>,
     listed: tokio::sync::watch::Sender<u8>,
+    /// Whether this replica writes (it holds the Lease); workers wait while it is false.
+    leader: tokio::sync::watch::Sender<bool>,
     metrics: Metrics,
     recorder: Recorder,
 }
@@ -282,10 +344,35 @@ impl Controller {
         }
     }
 
-    async fn work(self: Arc<Self>) {
+    /// Becoming leader queues every cached service: the standby's queue may have been drained
+    /// by nothing, and a pass that changes nothing writes nothing.
+    fn set_leader(&self, leading: bool) {
+        self.metrics.leader.set(i64::from(leading));
+        let was = self.leader.send_replace(leading);
+        if leading && !was {
+            for s in self.services.state() {
+                self.queue.add(Controller::key_of(s.as_ref()));
+            }
+        }
+    }
+
+    async fn work(self: Arc<Self>, cancel: CancellationToken) {
         while let Some((key, _)) = self.queue.next().await {
-            let mut rx = self.listed.subscribe();
-            let _ = rx.wait_for(|v| *v == ALL_LISTED).await;
+            // Only the leader writes, once the caches are listed; a standby holds the key
+            // (others wait queued, deduplicated) until it leads or the process stops.
+            let mut listed = self.listed.subscribe();
+            let mut leading = self.leader.subscribe();
+            let ready = async {
+                let _ = listed.wait_for(|v| *v == ALL_LISTED).await;
+                let _ = leading.wait_for(|l| *l).await;
+            };
+            tokio::select! {
+                () = cancel.cancelled() => {
+                    self.queue.done(&key);
+                    return;
+                }
+                () = ready => {}
+            }
             let span = tracing::info_span!(
                 "membership",
                 cluster = "hub",
@@ -295,9 +382,12 @@ impl Controller {
             );
             let result = tracing::Instrument::instrument(self.reconcile(&key), span.clone()).await;
             match result {
-                Ok(()) => {
+                Ok(recheck) => {
                     lock(&self.attempts).remove(&key);
                     self.metrics.passes.inc();
+                    if recheck {
+                        self.queue.add_after(key.clone(), RECHECK);
+                    }
                 }
                 Err(err) => {
                     let class = classify(&err);
@@ -322,8 +412,13 @@ impl Controller {
         }
     }
 
-    /// One pass over one service.
-    async fn reconcile(&self, key: &Key) -> Result<(), kube::Error> {
+    /// One pass over one service: slices first, then the status, which is written (when it
+    /// changed) whatever the slices did, so a refused or taken slice never freezes it. Returns
+    /// whether to look again after [`RECHECK`] (a slice is taken or refused).
+    ///
+    /// # Errors
+    /// The status write failing, or a transient slice failure (after the status is written).
+    async fn reconcile(&self, key: &Key) -> Result<bool, kube::Error> {
         let (namespace, name) = key;
         let labels = ServiceLabels {
             namespace: namespace.clone(),
@@ -335,10 +430,12 @@ impl Controller {
         else {
             self.metrics.members.remove(&labels);
             self.metrics.healthy.remove(&labels);
-            return Ok(());
+            self.metrics.slice_conflicts.remove(&labels);
+            self.metrics.slices_rejected.remove(&labels);
+            return Ok(false);
         };
         if raw.metadata.deletion_timestamp.is_some() {
-            return Ok(());
+            return Ok(false);
         }
         let Some(service) = typed::<NetworkService>(&raw) else {
             tracing::warn!("service does not match the NetworkService schema; skipped until it changes");
@@ -348,7 +445,7 @@ impl Controller {
                     class: ErrorClass::Invalid.metric_label(),
                 })
                 .inc();
-            return Ok(());
+            return Ok(false);
         };
         let interfaces: Vec<NetworkInterface> = self
             .interfaces
@@ -357,14 +454,6 @@ impl Controller {
             .filter_map(|i| typed::<NetworkInterface>(i))
             .collect();
         let resolution = rollup::resolve(selector_of(&service), &interfaces);
-        let previous = service.status.clone();
-        let status = rollup::status(
-            service.metadata.generation,
-            &resolution,
-            previous.as_ref(),
-            Timestamp::now(),
-        );
-
         let members = resolution.members();
         self.metrics.members.get_or_create(&labels).set(members.len() as i64);
         self.metrics
@@ -383,9 +472,34 @@ impl Controller {
                     .collect()
             })
             .unwrap_or_default();
-        self.apply_slices(&service, endpoints::desired(&service, members, &routing_labels))
-            .await?;
+        let (outcome, transient) = match endpoints::desired(&service, members, &routing_labels) {
+            Ok(desired) => self.apply_slices(&service, desired).await,
+            Err(err) => {
+                tracing::warn!(error = %err, "no EndpointSlice planned");
+                let (outcome, transient) = self.apply_slices(&service, Vec::new()).await;
+                let outcome = match outcome {
+                    SlicesOutcome::Pending(m) => SlicesOutcome::Pending(m),
+                    _ => SlicesOutcome::InvalidName(err.to_string()),
+                };
+                (outcome, transient)
+            }
+        };
+        let (conflicts, rejected) = match &outcome {
+            SlicesOutcome::Conflicts(c) => (c.len(), 0),
+            SlicesOutcome::Rejected(r) => (0, r.len()),
+            _ => (0, 0),
+        };
+        self.metrics
+            .slice_conflicts
+            .get_or_create(&labels)
+            .set(conflicts as i64);
+        self.metrics.slices_rejected.get_or_create(&labels).set(rejected as i64);
+        let recheck = matches!(outcome, SlicesOutcome::Conflicts(_) | SlicesOutcome::Rejected(_));
 
+        let previous = service.status.clone();
+        let now = Timestamp::now();
+        let status = rollup::status(service.metadata.generation, &resolution, previous.as_ref(), now);
+        let status = rollup::with_slices(status, &outcome, service.metadata.generation, previous.as_ref(), now);
         if previous.as_ref() != Some(&status) {
             let api = Api::<NetworkService>::namespaced(self.hub.clone(), namespace);
             let body = json!({
@@ -399,52 +513,156 @@ impl Controller {
             self.metrics.status_writes.inc();
             self.publish_transitions(&service, previous.as_ref(), &status).await;
         }
-        Ok(())
+        match transient {
+            Some(err) => Err(err),
+            None => Ok(recheck),
+        }
     }
 
-    async fn apply_slices(&self, service: &NetworkService, desired: Vec<EndpointSlice>) -> Result<(), kube::Error> {
+    /// The slice of `name` in `namespace`: from the cache (slices carrying the network-service
+    /// label), else read from the hub (a slice without the label, a hand-made one, is not
+    /// cached but must not be overwritten either).
+    async fn current_slice(
+        &self,
+        api: &Api<EndpointSlice>,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<EndpointSlice>, kube::Error> {
+        if let Some(cached) = self.slices.get(&ObjectRef::new(name).within(namespace)) {
+            return Ok(Some(cached.as_ref().clone()));
+        }
+        api.get_opt(name).await
+    }
+
+    /// Writes `desired` for `service` and deletes the slices it controls that are no longer
+    /// desired. A name held by a slice that is not the service's is left untouched and reported
+    /// ([`endpoints::ownership`]); a slice of the service whose `addressType` (immutable) differs
+    /// is deleted (UID precondition) and created again. Every slice is tried; the outcome lists
+    /// what is taken or refused, and the first transient error is returned beside it.
+    async fn apply_slices(
+        &self,
+        service: &NetworkService,
+        desired: Vec<EndpointSlice>,
+    ) -> (SlicesOutcome, Option<kube::Error>) {
         let namespace = service.namespace().unwrap_or_default();
+        let service_name = service.name_any();
+        let uid = service.metadata.uid.clone().unwrap_or_default();
         let api = Api::<EndpointSlice>::namespaced(self.hub.clone(), &namespace);
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        let service_label = desired
-            .first()
-            .and_then(|s| s.metadata.labels.as_ref())
-            .and_then(|l| l.get(endpoints::NETWORK_SERVICE_LABEL))
-            .cloned()
-            .unwrap_or_default();
-        let existing: Vec<Arc<EndpointSlice>> = self.slices.state_filter(|s| {
-            s.namespace().as_deref() == Some(namespace.as_str())
-                && s.labels().get(endpoints::NETWORK_SERVICE_LABEL) == Some(&service_label)
-                && s.owner_references()
-                    .iter()
-                    .any(|o| Some(&o.uid) == service.metadata.uid.as_ref())
-        });
+        let mut conflicts = Vec::new();
+        let mut rejected = Vec::new();
+        let mut transient: Option<kube::Error> = None;
+        let fail = |name: &str, err: kube::Error, rejected: &mut Vec<String>, transient: &mut Option<kube::Error>| {
+            let class = classify(&err);
+            match class {
+                ErrorClass::Invalid | ErrorClass::Forbidden => {
+                    self.metrics
+                        .errors
+                        .get_or_create(&ClassLabels {
+                            class: class.metric_label(),
+                        })
+                        .inc();
+                    tracing::warn!(slice = name, error = %err, class = class.metric_label(), "the hub refused an EndpointSlice");
+                    rejected.push(format!("EndpointSlice {name}: {}", error_message(&err)));
+                }
+                _ => {
+                    if transient.is_none() {
+                        *transient = Some(err);
+                    }
+                }
+            }
+        };
         let wanted: HashSet<String> = desired.iter().filter_map(|s| s.metadata.name.clone()).collect();
         for slice in desired {
             let Some(name) = slice.metadata.name.clone() else {
                 continue;
             };
-            let mut body = serde_json::to_value(&slice).map_err(kube::Error::SerdeError)?;
+            let current = match self.current_slice(&api, &namespace, &name).await {
+                Ok(c) => c,
+                Err(err) => {
+                    fail(&name, err, &mut rejected, &mut transient);
+                    continue;
+                }
+            };
+            match endpoints::ownership(current.as_ref(), &service_name, &uid) {
+                Ownership::Taken(why) => {
+                    tracing::warn!(slice = %name, reason = %why, "EndpointSlice name taken; not overwritten");
+                    conflicts.push(why);
+                    continue;
+                }
+                Ownership::Ours | Ownership::Free => {}
+            }
+            let mut body = match serde_json::to_value(&slice) {
+                Ok(b) => b,
+                Err(err) => {
+                    fail(&name, kube::Error::SerdeError(err), &mut rejected, &mut transient);
+                    continue;
+                }
+            };
             body["apiVersion"] = json!("discovery.k8s.io/v1");
             body["kind"] = json!("EndpointSlice");
-            let current = existing
-                .iter()
-                .find(|s| s.metadata.name.as_deref() == Some(name.as_str()));
-            let in_sync = current
-                .and_then(|c| serde_json::to_value(c.as_ref()).ok())
-                .is_some_and(|c| copy::contains(&c, &without_types(&body)) && endpoints_equal(&c, &body));
-            if !in_sync {
-                api.patch(&name, &params, &Patch::Apply(&body)).await?;
+            if let Some(c) = &current {
+                let in_sync = serde_json::to_value(c)
+                    .ok()
+                    .is_some_and(|c| copy::contains(&c, &without_types(&body)) && endpoints_equal(&c, &body));
+                if in_sync {
+                    continue;
+                }
+                if c.address_type != slice.address_type {
+                    let precondition = DeleteParams {
+                        preconditions: Some(Preconditions {
+                            uid: c.metadata.uid.clone(),
+                            resource_version: None,
+                        }),
+                        ..DeleteParams::default()
+                    };
+                    match api.delete(&name, &precondition).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(s)) if s.code == 404 => {}
+                        Err(err) => {
+                            fail(&name, err, &mut rejected, &mut transient);
+                            continue;
+                        }
+                    }
+                }
+            }
+            if let Err(err) = api.patch(&name, &params, &Patch::Apply(&body)).await {
+                fail(&name, err, &mut rejected, &mut transient);
             }
         }
-        for stale in existing.iter().filter(|s| !wanted.contains(&s.name_any())) {
-            match api.delete(&stale.name_any(), &DeleteParams::default()).await {
+        let stale: Vec<Arc<EndpointSlice>> = self.slices.state_filter(|s| {
+            s.namespace().as_deref() == Some(namespace.as_str())
+                && !wanted.contains(&s.name_any())
+                && s.owner_references()
+                    .iter()
+                    .any(|o| o.controller == Some(true) && o.uid == uid)
+                && s.labels().get(endpoints::MANAGED_BY_LABEL).map(String::as_str) == Some(endpoints::MANAGED_BY)
+        });
+        for slice in stale {
+            let precondition = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: slice.metadata.uid.clone(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&slice.name_any(), &precondition).await {
                 Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e),
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(err) => fail(&slice.name_any(), err, &mut rejected, &mut transient),
             }
         }
-        Ok(())
+        let outcome = if let Some(err) = &transient {
+            SlicesOutcome::Pending(error_message(err))
+        } else if !rejected.is_empty() {
+            conflicts.extend(rejected);
+            SlicesOutcome::Rejected(conflicts)
+        } else if !conflicts.is_empty() {
+            SlicesOutcome::Conflicts(conflicts)
+        } else {
+            SlicesOutcome::Published
+        };
+        (outcome, transient)
     }
 
     async fn publish_transitions(
@@ -484,6 +702,14 @@ impl Controller {
     }
 }
 
+/// The apiserver's message of `err` (its status message), else the error's text.
+fn error_message(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
+        other => other.to_string(),
+    }
+}
+
 fn without_types(body: &serde_json::Value) -> serde_json::Value {
     let mut b = body.clone();
     if let Some(map) = b.as_object_mut() {
@@ -502,8 +728,12 @@ fn endpoints_equal(current: &serde_json::Value, desired: &serde_json::Value) -> 
 /// Runs `replicator membership` until SIGTERM or SIGINT.
 ///
 /// # Errors
-/// An unbindable address.
+/// An unbindable address; `--lease-duration`/`--lease-grace` the Lease cannot use.
 pub async fn run(args: MembershipArgs) -> anyhow::Result<()> {
+    if args.leader_elect {
+        crate::election::check_timing(args.lease_duration, args.lease_grace).map_err(anyhow::Error::msg)?;
+    }
+    let identity = args.identity.clone().unwrap_or_else(crate::election::default_identity);
     let cancel = CancellationToken::new();
     crate::cli::spawn_signal_handler(cancel.clone());
     let mut registry = Registry::default();
@@ -528,8 +758,9 @@ pub async fn run(args: MembershipArgs) -> anyhow::Result<()> {
     };
     health.set("hub", format!("connecting to {server}"));
     health.set(LISTS, "initial list pending");
-    tracing::info!(server = %server, "hub kubeconfig loaded; starting");
+    tracing::info!(server = %server, leader_elect = args.leader_elect, identity = %identity, "hub kubeconfig loaded; starting");
     let hub_health = cluster::HubHealth::new();
+    let hub_health_for_election = hub_health.clone();
 
     let interfaces = Writer::new(interface_resource());
     let services = Writer::new(service_resource());
@@ -544,6 +775,7 @@ pub async fn run(args: MembershipArgs) -> anyhow::Result<()> {
         matched: Mutex::default(),
         attempts: Mutex::default(),
         listed: tokio::sync::watch::Sender::new(0),
+        leader: tokio::sync::watch::Sender::new(false),
         metrics,
         recorder: Recorder::new(
             hub.clone(),
@@ -668,8 +900,36 @@ pub async fn run(args: MembershipArgs) -> anyhow::Result<()> {
             }
         });
     }
+    if args.leader_elect {
+        let c = Arc::clone(&controller);
+        let errors = controller.metrics.errors.clone();
+        tasks.spawn(crate::election::run_on(
+            hub.clone(),
+            LEASE.to_owned(),
+            crate::election::Settings {
+                namespace: args.lease_namespace.clone(),
+                identity: identity.clone(),
+                duration: args.lease_duration,
+                grace: args.lease_grace,
+            },
+            cancel.clone(),
+            crate::election::Reports {
+                on_change: move |leading| c.set_leader(leading),
+                on_error: move |class: ErrorClass| {
+                    errors
+                        .get_or_create(&ClassLabels {
+                            class: class.metric_label(),
+                        })
+                        .inc();
+                },
+                hub_health: hub_health_for_election,
+            },
+        ));
+    } else {
+        controller.set_leader(true);
+    }
     for _ in 0..args.workers.max(1) {
-        tasks.spawn(Arc::clone(&controller).work());
+        tasks.spawn(Arc::clone(&controller).work(cancel.clone()));
     }
 
     let mut result = Ok(());

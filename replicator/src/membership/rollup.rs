@@ -36,7 +36,10 @@ pub const LOCATION_LABEL: &str = "networking.datumapis.com/location";
 /// Condition a holder writes on an interface it holds; the only condition membership reads.
 pub const HOLDER_AVAILABLE: &str = "HolderAvailable";
 
-/// Reasons of the two conditions.
+/// Condition type: whether every EndpointSlice of the service is in place.
+pub const SLICES_PUBLISHED: &str = "SlicesPublished";
+
+/// Reasons of the conditions.
 pub mod reasons {
     /// The selector cannot be evaluated.
     pub const INVALID_SELECTOR: &str = "InvalidSelector";
@@ -50,6 +53,130 @@ pub mod reasons {
     pub const NO_SERVING_LOCATIONS: &str = "NoServingLocations";
     /// At least one location serves.
     pub const READY: &str = "Ready";
+    /// Every desired EndpointSlice is written and current.
+    pub const PUBLISHED: &str = "Published";
+    /// A desired slice name is held by a slice that is not this service's (named in the
+    /// message); it is left untouched.
+    pub const SLICE_NAME_CONFLICT: &str = "SliceNameConflict";
+    /// The hub refused a slice (invalid, forbidden); the message names it and says why.
+    pub const SLICE_REJECTED: &str = "SliceRejected";
+    /// The service name cannot name slices (not a DNS label).
+    pub const INVALID_SERVICE_NAME: &str = "InvalidServiceName";
+    /// The slices are not written yet (the hub did not answer); retried with backoff.
+    pub const PENDING: &str = "Pending";
+}
+
+/// What the last slice pass of a service achieved, as the controller saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SlicesOutcome {
+    /// Every desired slice is in place.
+    Published,
+    /// Slices whose names are taken by something else, one message each (left untouched).
+    Conflicts(Vec<String>),
+    /// Slices the hub refused, one message each (with conflicts, if any, first).
+    Rejected(Vec<String>),
+    /// The service name cannot name slices (the message says why).
+    InvalidName(String),
+    /// Not known: a transient failure (the message); the previous condition stands.
+    Pending(String),
+}
+
+/// Adds `SlicesPublished` for `slices` to `status` (made by [`status`] for the same pass), and,
+/// when the members resolved but the slices are not all in place, turns `Ready` False with the
+/// slice reason: a gateway would resolve someone else's slice, or none. `Pending` keeps the
+/// previous `SlicesPublished` (a hub hiccup does not flip it), or says `Pending` when there is
+/// none. Transition times are kept as [`status`] keeps them.
+pub fn with_slices(
+    mut status: NetworkServiceStatus,
+    slices: &SlicesOutcome,
+    generation: Option<i64>,
+    previous: Option<&NetworkServiceStatus>,
+    now: Timestamp,
+) -> NetworkServiceStatus {
+    let now = Time(now);
+    let previous_slices = previous
+        .and_then(|p| p.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == SLICES_PUBLISHED));
+    let list = |items: &[String]| {
+        let mut text = items.iter().take(5).cloned().collect::<Vec<_>>().join("; ");
+        if items.len() > 5 {
+            text.push_str(&format!("; and {} more", items.len() - 5));
+        }
+        text
+    };
+    let published = match slices {
+        SlicesOutcome::Published => condition(
+            SLICES_PUBLISHED,
+            true,
+            reasons::PUBLISHED,
+            "every EndpointSlice is in place".to_owned(),
+            generation,
+            previous,
+            &now,
+        ),
+        SlicesOutcome::Conflicts(c) => condition(
+            SLICES_PUBLISHED,
+            false,
+            reasons::SLICE_NAME_CONFLICT,
+            format!("not overwritten: {}", list(c)),
+            generation,
+            previous,
+            &now,
+        ),
+        SlicesOutcome::Rejected(r) => condition(
+            SLICES_PUBLISHED,
+            false,
+            reasons::SLICE_REJECTED,
+            list(r),
+            generation,
+            previous,
+            &now,
+        ),
+        SlicesOutcome::InvalidName(m) => condition(
+            SLICES_PUBLISHED,
+            false,
+            reasons::INVALID_SERVICE_NAME,
+            m.clone(),
+            generation,
+            previous,
+            &now,
+        ),
+        SlicesOutcome::Pending(m) => match previous_slices {
+            Some(p) => Condition {
+                observed_generation: generation,
+                ..p.clone()
+            },
+            None => condition(
+                SLICES_PUBLISHED,
+                false,
+                reasons::PENDING,
+                format!("EndpointSlices not written yet: {m}"),
+                generation,
+                previous,
+                &now,
+            ),
+        },
+    };
+    let conditions = status.conditions.get_or_insert_with(Vec::new);
+    let resolved = conditions
+        .iter()
+        .any(|c| c.type_ == MEMBERS_RESOLVED && c.status == "True");
+    if resolved && published.status != "True" {
+        let ready = condition(
+            READY,
+            false,
+            &published.reason,
+            published.message.clone(),
+            generation,
+            previous,
+            &now,
+        );
+        conditions.retain(|c| c.type_ != READY);
+        conditions.push(ready);
+    }
+    conditions.retain(|c| c.type_ != SLICES_PUBLISHED);
+    conditions.push(published);
+    status
 }
 
 /// One member, reduced to what membership and endpoints need.
@@ -591,5 +718,128 @@ mod tests {
             vec!["fd00::a".parse::<IpAddr>().unwrap(), "10.0.0.5".parse().unwrap()]
         );
         assert_eq!(m.addresses[0].to_string(), "fd00::a");
+    }
+
+    #[test]
+    fn slices_condition_and_its_effect_on_ready() {
+        let healthy = [ni("a1", "net", Some("dfw"), "Bound", Some(true))];
+        let r = resolve(web(), &healthy);
+        let conflict = SlicesOutcome::Conflicts(vec!["EndpointSlice api-http belongs to NetworkService a".into()]);
+        // (case, outcome, SlicesPublished (status, reason, message), Ready (status, reason))
+        type Case<'a> = (&'a str, SlicesOutcome, (&'a str, &'a str, &'a str), (&'a str, &'a str));
+        let cases: Vec<Case<'_>> = vec![
+            (
+                "published",
+                SlicesOutcome::Published,
+                ("True", reasons::PUBLISHED, "every EndpointSlice is in place"),
+                ("True", reasons::READY),
+            ),
+            (
+                "conflict",
+                conflict.clone(),
+                (
+                    "False",
+                    reasons::SLICE_NAME_CONFLICT,
+                    "not overwritten: EndpointSlice api-http belongs to NetworkService a",
+                ),
+                ("False", reasons::SLICE_NAME_CONFLICT),
+            ),
+            (
+                "rejected",
+                SlicesOutcome::Rejected(vec!["EndpointSlice api-http: invalid (422)".into()]),
+                (
+                    "False",
+                    reasons::SLICE_REJECTED,
+                    "EndpointSlice api-http: invalid (422)",
+                ),
+                ("False", reasons::SLICE_REJECTED),
+            ),
+            (
+                "invalid name",
+                SlicesOutcome::InvalidName("bad name".into()),
+                ("False", reasons::INVALID_SERVICE_NAME, "bad name"),
+                ("False", reasons::INVALID_SERVICE_NAME),
+            ),
+            (
+                "pending, nothing before",
+                SlicesOutcome::Pending("timed out".into()),
+                ("False", reasons::PENDING, "EndpointSlices not written yet: timed out"),
+                ("False", reasons::PENDING),
+            ),
+        ];
+        for (what, outcome, (status_, reason, message), (ready_status, ready_reason)) in cases {
+            let s = with_slices(status(Some(2), &r, None, at(1)), &outcome, Some(2), None, at(1));
+            let types: Vec<&str> = s.conditions.iter().flatten().map(|c| c.type_.as_str()).collect();
+            assert_eq!(types, [MEMBERS_RESOLVED, READY, SLICES_PUBLISHED], "{what}");
+            let c = cond(&s, SLICES_PUBLISHED);
+            assert_eq!(
+                (
+                    c.status.as_str(),
+                    c.reason.as_str(),
+                    c.message.as_str(),
+                    c.observed_generation
+                ),
+                (status_, reason, message, Some(2)),
+                "{what}"
+            );
+            let ready = cond(&s, READY);
+            assert_eq!(
+                (ready.status.as_str(), ready.reason.as_str()),
+                (ready_status, ready_reason),
+                "{what}"
+            );
+        }
+
+        // A MembersResolved failure stays what Ready says; the slices condition stands beside it.
+        let s = with_slices(
+            status(None, &resolve(web(), &[]), None, at(1)),
+            &conflict,
+            None,
+            None,
+            at(1),
+        );
+        assert_eq!(cond(&s, READY).reason, reasons::NO_MATCHING_INTERFACES);
+        assert_eq!(cond(&s, SLICES_PUBLISHED).reason, reasons::SLICE_NAME_CONFLICT);
+
+        // Pending keeps the previous condition, its time included; a later equal pass is equal.
+        let first = with_slices(
+            status(Some(1), &r, None, at(100)),
+            &SlicesOutcome::Published,
+            Some(1),
+            None,
+            at(100),
+        );
+        let pending = with_slices(
+            status(Some(1), &r, Some(&first), at(200)),
+            &SlicesOutcome::Pending("timed out".into()),
+            Some(1),
+            Some(&first),
+            at(200),
+        );
+        assert_eq!(pending, first, "a hub hiccup writes no status");
+        let conflicted = with_slices(
+            status(Some(1), &r, Some(&first), at(300)),
+            &conflict,
+            Some(1),
+            Some(&first),
+            at(300),
+        );
+        assert_eq!(cond(&conflicted, SLICES_PUBLISHED).last_transition_time, Time(at(300)));
+        let again = with_slices(
+            status(Some(1), &r, Some(&conflicted), at(400)),
+            &conflict,
+            Some(1),
+            Some(&conflicted),
+            at(400),
+        );
+        assert_eq!(again, conflicted, "an unchanged conflict writes no status");
+
+        // Many conflicts: five named, the rest counted.
+        let many = SlicesOutcome::Conflicts((0..7).map(|i| format!("s{i}")).collect());
+        let s = with_slices(status(None, &r, None, at(1)), &many, None, None, at(1));
+        assert_eq!(
+            cond(&s, SLICES_PUBLISHED).message,
+            "not overwritten: s0; s1; s2; s3; s4; and 2 more"
+        );
     }
 }
