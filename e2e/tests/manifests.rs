@@ -91,8 +91,8 @@ const CELL_RULES: Rules = &[
 ];
 
 /// `replicator run` on the hub: copy reflectors, the name check and withdrawal GETs,
-/// server-side apply (which needs `create` when it creates), status apply, deletes, and the hub
-/// namespace watch.
+/// server-side apply (which needs `create` when it creates), status apply, deletes, the hub
+/// namespace watch, and the Event of a location another cell claims.
 const HUB_RULES: Rules = &[
     (NET, "networks", &["get", "list", "watch", "create", "patch", "delete"]),
     (
@@ -113,6 +113,7 @@ const HUB_RULES: Rules = &[
         &["get", "list", "watch", "create", "patch", "delete"],
     ),
     ("", "namespaces", &["list", "watch"]),
+    (EVENTS, "events", &["create", "patch"]),
 ];
 
 /// `replicator membership` on the hub.

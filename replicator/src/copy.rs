@@ -26,6 +26,10 @@ pub const SOURCE_NAMESPACE_ANNOTATION: &str = "replicator.datumapis.com/source-n
 pub const SOURCE_NAME_ANNOTATION: &str = "replicator.datumapis.com/source-name";
 /// Annotation on every copy: the source's UID.
 pub const SOURCE_UID_ANNOTATION: &str = "replicator.datumapis.com/source-uid";
+/// Annotation on every copy: the cell that published it, as the UID of that cell's
+/// `kube-system` namespace (the conventional cluster ID). A replicator never modifies, repairs or
+/// sweeps a copy another cell published, even under its own location (see [`publishing_cell`]).
+pub const CELL_ANNOTATION: &str = "replicator.datumapis.com/cell";
 /// Annotation on every copy: hash of the desired content; a write that would change nothing is
 /// skipped.
 pub const CONTENT_HASH_ANNOTATION: &str = "replicator.datumapis.com/content-hash";
@@ -265,6 +269,35 @@ pub fn published_by(copy: &impl kube::Resource, location: &str) -> bool {
         .is_some_and(|l| l == location)
 }
 
+/// The cell that published `copy` ([`CELL_ANNOTATION`]); `None` for a copy written before cells
+/// were recorded (the next write of its location's replicator records its cell).
+pub fn publishing_cell(copy: &impl kube::Resource) -> Option<&str> {
+    copy.meta()
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CELL_ANNOTATION))
+        .map(String::as_str)
+}
+
+/// Whether `copy` is the copy of `location` published by `cell`: the location label is
+/// `location` and the recorded cell is `cell` or none yet. Every write, withdrawal and sweep of
+/// a replicator is limited to these.
+pub fn published_by_cell(copy: &impl kube::Resource, location: &str, cell: &str) -> bool {
+    published_by(copy, location) && publishing_cell(copy).is_none_or(|c| c == cell)
+}
+
+/// Records `cell` as the publisher of `desired` ([`CELL_ANNOTATION`]). Not part of the content
+/// hash: [`in_sync`] still sees a copy without it, or with another cell, as out of sync.
+pub fn mark_cell(desired: &mut Desired, cell: &str) {
+    if let Some(annotations) = desired
+        .object
+        .pointer_mut("/metadata/annotations")
+        .and_then(Value::as_object_mut)
+    {
+        annotations.insert(CELL_ANNOTATION.to_owned(), Value::String(cell.to_owned()));
+    }
+}
+
 /// Whether the hub copy already carries everything `desired` owns: content hash, every desired
 /// label, annotation and field (object subset, arrays element-wise) and, for kinds with status,
 /// the carried status. Fields others own (Karmada's labels, defaults) are ignored.
@@ -459,6 +492,51 @@ mod tests {
             "addressType": "IPv6",
             "endpoints": endpoints
         })
+    }
+
+    #[test]
+    fn the_publishing_cell_is_recorded_and_bounds_what_a_replicator_touches() {
+        let mut d = publish("endpointslices", slice(json!([{"addresses": ["fd00::1"]}])));
+        let hash = d.hash.clone();
+        mark_cell(&mut d, "uid-cell-1");
+        assert_eq!(d.object["metadata"]["annotations"][CELL_ANNOTATION], "uid-cell-1");
+        assert_eq!(d.hash, hash, "the mark is not content");
+
+        let copy = |labels: Value, annotations: Value| {
+            obj(json!({"apiVersion": "v1", "kind": "X",
+                "metadata": {"name": "c", "namespace": "n", "labels": labels, "annotations": annotations}}))
+        };
+        let ours = copy(
+            json!({"replicator.datumapis.com/location": "dfw"}),
+            json!({CELL_ANNOTATION: "uid-cell-1"}),
+        );
+        let other_cell = copy(
+            json!({"replicator.datumapis.com/location": "dfw"}),
+            json!({CELL_ANNOTATION: "uid-cell-2"}),
+        );
+        let unrecorded = copy(json!({"replicator.datumapis.com/location": "dfw"}), json!({}));
+        let other_location = copy(
+            json!({"replicator.datumapis.com/location": "iad"}),
+            json!({CELL_ANNOTATION: "uid-cell-1"}),
+        );
+        let hand_made = copy(json!({}), json!({CELL_ANNOTATION: "uid-cell-1"}));
+        assert_eq!(publishing_cell(&ours), Some("uid-cell-1"));
+        assert_eq!(publishing_cell(&unrecorded), None);
+        assert!(published_by_cell(&ours, "dfw", "uid-cell-1"));
+        assert!(!published_by_cell(&other_cell, "dfw", "uid-cell-1"));
+        assert!(
+            published_by_cell(&unrecorded, "dfw", "uid-cell-1"),
+            "adopted on its next write"
+        );
+        assert!(!published_by_cell(&other_location, "dfw", "uid-cell-1"));
+        assert!(!published_by_cell(&hand_made, "dfw", "uid-cell-1"));
+
+        // A copy without the mark, or with another cell's, is out of sync: the next pass writes it.
+        let mut written = json!(d.object.clone());
+        written["metadata"]["annotations"][CELL_ANNOTATION] = json!("uid-cell-2");
+        assert!(!in_sync(&d, &obj(written.clone())));
+        written["metadata"]["annotations"][CELL_ANNOTATION] = json!("uid-cell-1");
+        assert!(in_sync(&d, &obj(written)));
     }
 
     #[test]

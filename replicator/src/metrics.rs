@@ -249,6 +249,9 @@ pub struct Metrics {
     pub leader: Family<LocationLabels, Gauge>,
     /// `replicator_cell_up`: 1 while the cell apiserver answers `/version`.
     pub cell_up: Family<LocationLabels, Gauge>,
+    /// `replicator_location_conflict`: 1 while copies under this location's label were published
+    /// by another cell (one cell per location); this replica then writes nothing.
+    pub location_conflict: Family<LocationLabels, Gauge>,
     /// `replicator_withdrawn_total`: copies withdrawn from the hub because their cell stayed
     /// unreachable past the grace period (`--withdraw-unreachable-after`).
     pub withdrawn: Family<KindLabels, Counter>,
@@ -286,6 +289,7 @@ impl Metrics {
             last_sync: Family::default(),
             leader: Family::default(),
             cell_up: Family::default(),
+            location_conflict: Family::default(),
             withdrawn: Family::default(),
             api_requests: api_requests().clone(),
             api_request_duration: api_request_duration().clone(),
@@ -354,6 +358,11 @@ impl Metrics {
             m.leader.clone(),
         );
         r.register("cell_up", "1 while the cell apiserver answers", m.cell_up.clone());
+        r.register(
+            "location_conflict",
+            "1 while copies under this location's label were published by another cell; this one then writes nothing",
+            m.location_conflict.clone(),
+        );
         r.register(
             "withdrawn",
             "Copies withdrawn from the hub because their cell stayed unreachable past the grace period",

@@ -8,7 +8,7 @@
 //!   must never look like "every source is gone");
 //! - only copies carrying this location's label are considered (the hub cache watches that
 //!   label, and each copy's label is checked again), so another location's copies are never
-//!   touched;
+//!   touched; nor are copies of this location that another cell published;
 //! - a rule is swept only once its hub copies are listed;
 //! - a copy whose source is missing from the cache is confirmed with a direct read of the cell;
 //!   a read error keeps the copy;
@@ -123,7 +123,6 @@ async fn sweep_copies(
     copies: Vec<Arc<Cached>>,
     report: &mut Report,
 ) {
-    let location = &sync.settings.location;
     // One copy parsed at a time: the cache keeps them as text, and a pass over 5,000 copies
     // must not hold 5,000 parsed objects at once.
     for cached in copies {
@@ -134,7 +133,9 @@ async fn sweep_copies(
                 continue;
             }
         };
-        if !copy::published_by(&copy, location) {
+        // Another location's copy, or one of this location published by another cell: never ours
+        // to collect.
+        if !sync.ours(&copy) {
             continue;
         }
         report.examined += 1;

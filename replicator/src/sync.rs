@@ -17,7 +17,7 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     sync::{
-        Arc, Mutex, MutexGuard,
+        Arc, Mutex, MutexGuard, OnceLock,
         atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant, SystemTime},
@@ -154,7 +154,9 @@ pub enum Error {
     #[error("hub request failed: {0}")]
     Hub(#[source] kube::Error),
     /// An object of the copy's name on the hub is not this location's copy.
-    #[error("hub object {namespace}/{name} exists without label {label}={location}; refusing to touch it")]
+    #[error(
+        "hub object {namespace}/{name} (the copy name of source {source_key} of location {location}) is {holder}, without label {label}={location}; refusing to touch it"
+    )]
     NotOurs {
         /// Namespace of the hub object.
         namespace: String,
@@ -164,7 +166,26 @@ pub enum Error {
         label: &'static str,
         /// This location.
         location: String,
+        /// The source whose copy name it is, `namespace/name`.
+        source_key: String,
+        /// What the object is: another location's copy (naming its source and location) or an
+        /// object the replicator did not publish.
+        holder: String,
     },
+    /// The copy under this location's label was published by another cell (one cell per
+    /// location): never modified.
+    #[error("hub copy {namespace}/{name} was published by another cell (kube-system UID {cell}); refusing to touch it")]
+    OtherCell {
+        /// Namespace of the copy.
+        namespace: String,
+        /// Name of the copy.
+        name: String,
+        /// The other cell's ID.
+        cell: String,
+    },
+    /// The cell's identity is not known yet (no write goes out without it).
+    #[error("the cell is not identified yet (its kube-system namespace is not listed)")]
+    CellUnidentified,
     /// A confirming read of the cell failed (the copy it was about stays as it is).
     #[error("cell read failed: {0}")]
     Cell(#[source] kube::Error),
@@ -192,7 +213,8 @@ impl Error {
             Self::Hub(e) => classify(e),
             // Retried with backoff; never taken for the hub being down.
             Self::Cell(_) => ErrorClass::Transient,
-            Self::NotOurs { .. } => ErrorClass::NotOurs,
+            Self::NotOurs { .. } | Self::OtherCell { .. } => ErrorClass::NotOurs,
+            Self::CellUnidentified => ErrorClass::Transient,
             Self::Source(_) | Self::Cache { .. } => ErrorClass::SourceInvalid,
         }
     }
@@ -247,25 +269,31 @@ pub struct RuleState {
     pub sources_last_error: std::sync::atomic::AtomicU64,
     tombstones: Mutex<HashSet<(String, String)>>,
     unroutable: Mutex<HashSet<(String, String)>>,
+    /// Copies of this location's label on the hub that another cell published: (namespace,
+    /// name) to that cell's ID. Normally empty; anything in it refuses every write.
+    foreign: Mutex<BTreeMap<(String, String), String>>,
 }
 
 /// Whether this replica may write its location's copies (workers and the sweep wait on it).
 ///
 /// Open when the replica leads its location (the election of `election.rs`, or always with
-/// `--leader-elect=false`) and the cell's copies are not withdrawn (the unreachable-cell policy
-/// of `outage.rs`: withdrawn copies must not be written back from a stale cache).
+/// `--leader-elect=false`), the cell's copies are not withdrawn (the unreachable-cell policy
+/// of `outage.rs`: withdrawn copies must not be written back from a stale cache), and no other
+/// cell publishes the location (one cell per location).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WriteGate {
     /// This replica holds the location's Lease.
     pub leading: bool,
     /// The cell is unreachable and its copies were withdrawn.
     pub withdrawn: bool,
+    /// Another cell publishes this location (its copies are on the hub): this one writes nothing.
+    pub claimed_elsewhere: bool,
 }
 
 impl WriteGate {
     /// Whether writes may go out.
     pub fn open(self) -> bool {
-        self.leading && !self.withdrawn
+        self.leading && !self.withdrawn && !self.claimed_elsewhere
     }
 }
 
@@ -312,6 +340,11 @@ pub struct CellSync {
     hub_health: HubHealth,
     namespaces: Store<Namespace>,
     namespaces_listed: AtomicBool,
+    /// The UID of the cell's `kube-system` namespace, recorded on every copy; known once the
+    /// namespaces are listed, before the hub copies are watched.
+    cell_id: OnceLock<String>,
+    /// Whether the claim of another cell on this location was reported (Event, log).
+    claim_reported: AtomicBool,
     queue: Arc<WorkQueue<Key>>,
     first_seen: Mutex<HashMap<Key, Instant>>,
     attempts: Mutex<HashMap<Key, u32>>,
@@ -385,6 +418,7 @@ impl CellSync {
                     sources_last_error: std::sync::atomic::AtomicU64::new(0),
                     tombstones: Mutex::default(),
                     unroutable: Mutex::default(),
+                    foreign: Mutex::default(),
                 };
                 source_writers.push(sources);
                 copy_writers.push(copies);
@@ -414,6 +448,8 @@ impl CellSync {
             hub_health,
             namespaces: namespaces.as_reader(),
             namespaces_listed: AtomicBool::new(false),
+            cell_id: OnceLock::new(),
+            claim_reported: AtomicBool::new(false),
             queue,
             first_seen: Mutex::default(),
             attempts: Mutex::default(),
@@ -462,10 +498,21 @@ impl CellSync {
         for (i, writer) in writers.sources.into_iter().enumerate() {
             tasks.spawn(Arc::clone(&self).watch_sources(i, writer, cancel.clone()));
         }
-        for (i, writer) in writers.copies.into_iter().enumerate() {
-            tasks.spawn(Arc::clone(&self).watch_copies(i, writer, cancel.clone()));
-        }
         tasks.spawn(Arc::clone(&self).watch_namespaces(writers.namespaces, cancel.clone()));
+        // The hub copies are judged against this cell's identity, so they are watched once it is
+        // known (the namespaces listed).
+        let this = Arc::clone(&self);
+        let copies_cancel = cancel.clone();
+        tasks.spawn(async move {
+            if this.identify_cell(&copies_cancel).await.is_none() {
+                return;
+            }
+            let mut watchers = tokio::task::JoinSet::new();
+            for (i, writer) in writers.copies.into_iter().enumerate() {
+                watchers.spawn(Arc::clone(&this).watch_copies(i, writer, copies_cancel.clone()));
+            }
+            while watchers.join_next().await.is_some() {}
+        });
         tasks.spawn(Arc::clone(&self).watch_hub_namespaces(cancel.clone()));
         for _ in 0..self.settings.workers.max(1) {
             tasks.spawn(Arc::clone(&self).work(cancel.clone()));
@@ -473,6 +520,152 @@ impl CellSync {
         cancel.cancelled().await;
         self.queue.close();
         while tasks.join_next().await.is_some() {}
+    }
+
+    /// The UID of the cell's `kube-system` namespace (see [`copy::CELL_ANNOTATION`]), once known.
+    pub fn cell_id(&self) -> Option<&str> {
+        self.cell_id.get().map(String::as_str)
+    }
+
+    /// Whether `copy` is this location's copy from this cell ([`copy::published_by_cell`]); false
+    /// while the cell is not identified.
+    pub fn ours(&self, copy: &impl kube::Resource) -> bool {
+        self.cell_id()
+            .is_some_and(|cell| copy::published_by_cell(copy, &self.settings.location, cell))
+    }
+
+    /// Waits for the namespaces to list, then reads this cell's identity, the UID of its
+    /// `kube-system` namespace, from the cache (no request, no extra permission). A cell without
+    /// one keeps the replica not ready and is looked at again every 10 s. `None` when cancelled.
+    async fn identify_cell(&self, cancel: &CancellationToken) -> Option<String> {
+        let mut readiness = self.readiness.subscribe();
+        tokio::select! {
+            () = cancel.cancelled() => return None,
+            _ = readiness.wait_for(|_| self.namespaces_listed.load(Ordering::Acquire)) => {}
+        }
+        let component = format!("cell {} identity", self.settings.location);
+        loop {
+            let uid = self
+                .namespaces
+                .get(&ObjectRef::new("kube-system"))
+                .and_then(|ns| ns.uid())
+                .filter(|uid| !uid.is_empty());
+            if let Some(uid) = uid {
+                self.health.clear(&component);
+                tracing::info!(location = %self.settings.location, cell = %uid, "cell identified by its kube-system namespace");
+                return Some(self.cell_id.get_or_init(|| uid).clone());
+            }
+            self.health.set(
+                &component,
+                "the cell has no kube-system namespace with a UID: its copies cannot be told from another cell's",
+            );
+            tokio::select! {
+                () = cancel.cancelled() => return None,
+                () = tokio::time::sleep(Duration::from_secs(10)) => {}
+            }
+        }
+    }
+
+    /// Records whether hub copy `copy` of rule `state` is another cell's (see
+    /// [`CellSync::update_claim`]).
+    fn note_foreign(&self, state: &RuleState, copy: &DynamicObject, present: bool) {
+        let id = (copy.namespace().unwrap_or_default(), copy.name_any());
+        let other = copy::publishing_cell(copy)
+            .filter(|cell| present && Some(*cell) != self.cell_id())
+            .map(str::to_owned);
+        let mut foreign = lock(&state.foreign);
+        match other {
+            Some(cell) => {
+                foreign.insert(id, cell);
+            }
+            None => {
+                foreign.remove(&id);
+            }
+        }
+    }
+
+    /// One cell per location: while any copy under this location's label was published by
+    /// another cell, this replica writes nothing (the write gate), is not ready, exports
+    /// `replicator_location_conflict{location} 1` and, once per claim, logs an error and puts a
+    /// `LocationClaimed` Event on one of those copies on the hub. Nothing is withdrawn.
+    async fn update_claim(&self) {
+        // (rule, namespace, name, other cell) of one foreign copy, and how many there are.
+        let mut first: Option<(usize, String, String, String)> = None;
+        let mut n = 0;
+        for (i, state) in self.rules.iter().enumerate() {
+            let foreign = lock(&state.foreign);
+            n += foreign.len();
+            if first.is_none()
+                && let Some(((namespace, name), cell)) = foreign.iter().next()
+            {
+                first = Some((i, namespace.clone(), name.clone(), cell.clone()));
+            }
+        }
+        let location = &self.settings.location;
+        let component = format!("location {location}");
+        let claimed = first.is_some();
+        self.gate
+            .send_if_modified(|g| std::mem::replace(&mut g.claimed_elsewhere, claimed) != claimed);
+        self.metrics
+            .location_conflict
+            .get_or_create(&LocationLabels {
+                location: location.clone(),
+            })
+            .set(i64::from(claimed));
+        let Some((rule, namespace, name, other)) = first else {
+            self.health.clear(&component);
+            if self.claim_reported.swap(false, Ordering::AcqRel) {
+                tracing::info!(location = %location, "no copy of another cell is left under this location; writing again");
+            }
+            return;
+        };
+        let ours = self.cell_id().unwrap_or_default();
+        let kind = &self.rules[rule].resource.kind;
+        let message = format!(
+            "location {location} is published by another cell (kube-system UID {other}; {n} copies, e.g. \
+             {kind} {namespace}/{name}); this cell ({ours}) refuses to write. Give each cell its own --location"
+        );
+        self.health.set(&component, message.clone());
+        if !self.claim_reported.swap(true, Ordering::AcqRel) {
+            tracing::error!(location = %location, cell = %ours, other_cell = %other, copies = n, "{message}");
+            self.publish_hub_event(rule, &namespace, &name, "LocationClaimed", &message)
+                .await;
+        }
+    }
+
+    /// Publishes a Warning Event on the hub about copy `namespace/name` of rule `rule`.
+    async fn publish_hub_event(&self, rule: usize, namespace: &str, name: &str, reason: &str, note: &str) {
+        let state = &self.rules[rule];
+        let uid = state
+            .copies
+            .get(&cache::key(namespace, name))
+            .and_then(|c| c.uid().map(str::to_owned));
+        let reference = ObjectReference {
+            api_version: Some(state.resource.api_version.clone()),
+            kind: Some(state.resource.kind.clone()),
+            namespace: Some(namespace.to_owned()),
+            name: Some(name.to_owned()),
+            uid,
+            resource_version: None,
+            field_path: None,
+        };
+        let recorder = Recorder::new(
+            self.hub.clone(),
+            Reporter {
+                controller: "replicator".into(),
+                instance: Some(self.settings.location.clone()),
+            },
+        );
+        let event = KubeEvent {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Mirror".into(),
+            secondary: None,
+        };
+        if let Err(err) = recorder.publish(&event, &reference).await {
+            tracing::warn!(error = %err, "failed to publish an Event on the hub");
+        }
     }
 
     /// Queues the keys parked while their kind's caches had not listed, for kinds that have now.
@@ -663,6 +856,7 @@ impl CellSync {
             .boxed();
         let mut relisting: Vec<Key> = Vec::new();
         let mut before_relist: HashSet<Key> = HashSet::new();
+        let mut relisted_foreign: BTreeMap<(String, String), String> = BTreeMap::new();
         loop {
             let next = tokio::select! {
                 () = cancel.cancelled() => return,
@@ -690,6 +884,7 @@ impl CellSync {
                     match &event {
                         Event::Init => {
                             relisting.clear();
+                            relisted_foreign.clear();
                             // Copies deleted on the hub during a watch gap vanish from the relist
                             // without a Delete event: remember what was there to repair them.
                             before_relist = if state.copies_listed.load(Ordering::Acquire) {
@@ -704,7 +899,13 @@ impl CellSync {
                                 HashSet::new()
                             };
                         }
-                        Event::InitApply(o) => relisting.extend(self.source_key_of_copy(i, o)),
+                        Event::InitApply(o) => {
+                            relisting.extend(self.source_key_of_copy(i, o));
+                            if let Some(cell) = copy::publishing_cell(o).filter(|c| Some(*c) != self.cell_id()) {
+                                relisted_foreign
+                                    .insert((o.namespace().unwrap_or_default(), o.name_any()), cell.to_owned());
+                            }
+                        }
                         Event::InitDone => {
                             // A relist skips events: echoes still awaited never come.
                             lock(&self.echoes).forget_rule(i);
@@ -714,10 +915,14 @@ impl CellSync {
                             for key in relisting.drain(..).chain(before_relist.drain()) {
                                 self.queue.add(key);
                             }
+                            *lock(&state.foreign) = std::mem::take(&mut relisted_foreign);
+                            self.update_claim().await;
                             state.copies_listed.store(true, Ordering::Release);
                             self.bump_readiness();
                         }
                         Event::Apply(o) => {
+                            self.note_foreign(state, o, true);
+                            self.update_claim().await;
                             // Our own write coming back needs no second pass; any other change
                             // (an edit, Karmada's labels) is checked against the source.
                             if let Some(key) = self.source_key_of_copy(i, o)
@@ -727,6 +932,8 @@ impl CellSync {
                             }
                         }
                         Event::Delete(o) => {
+                            self.note_foreign(state, o, false);
+                            self.update_claim().await;
                             lock(&self.echoes).forget(&(i, o.namespace().unwrap_or_default(), o.name_any()));
                             // A copy whose source is gone from the cell cache was withdrawn (by us,
                             // or its withdraw is queued): a pass would find nothing to do. Only a
@@ -1140,7 +1347,12 @@ impl CellSync {
                 }
                 Ok(())
             }
-            Plan::Publish(desired) => {
+            Plan::Publish(mut desired) => {
+                // The copy watch starts only once the cell is identified, so a listed key has it.
+                let Some(cell) = self.cell_id() else {
+                    return Err(Error::CellUnidentified);
+                };
+                copy::mark_cell(&mut desired, cell);
                 let api = Api::<DynamicObject>::namespaced_with(self.hub.clone(), &key.namespace, &state.resource);
                 // The copy as our cache has it; a copy missing from it is almost always one to
                 // create, but the name may be taken by an object that is not ours (another
@@ -1164,7 +1376,14 @@ impl CellSync {
                 };
                 if let Some(copy) = &existing {
                     if !copy::published_by(copy, location) {
-                        return Err(self.not_ours(&key.namespace, &copy_name));
+                        return Err(self.not_ours(key, &copy_name, copy));
+                    }
+                    if let Some(other) = copy::publishing_cell(copy).filter(|c| *c != cell) {
+                        return Err(Error::OtherCell {
+                            namespace: key.namespace.clone(),
+                            name: copy_name,
+                            cell: other.to_owned(),
+                        });
                     }
                     if copy::in_sync(&desired, copy) {
                         self.write_done(key, WriteOp::skipped);
@@ -1232,12 +1451,29 @@ impl CellSync {
         Ok(replaced)
     }
 
-    fn not_ours(&self, namespace: &str, name: &str) -> Error {
+    /// The error for hub object `existing`, named like the copy of `key`, that is not this
+    /// location's copy; when it is another location's copy (`web-us`@`east` and `web`@`us-east`
+    /// both map to `web-us-east`), the message names that copy's source and location too.
+    fn not_ours(&self, key: &Key, name: &str, existing: &DynamicObject) -> Error {
+        let annotations = existing.annotations();
+        let holder = match (
+            existing.labels().get(rules::LOCATION_LABEL),
+            annotations.get(copy::SOURCE_NAMESPACE_ANNOTATION),
+            annotations.get(copy::SOURCE_NAME_ANNOTATION),
+        ) {
+            (Some(location), Some(namespace), Some(source)) => {
+                format!("the copy of source {namespace}/{source} of location {location}")
+            }
+            (Some(location), _, _) => format!("a copy of location {location}"),
+            _ => "an object the replicator did not publish".to_owned(),
+        };
         Error::NotOurs {
-            namespace: namespace.to_owned(),
+            namespace: key.namespace.clone(),
             name: name.to_owned(),
             label: rules::LOCATION_LABEL,
             location: self.settings.location.clone(),
+            source_key: format!("{}/{}", key.namespace, key.name),
+            holder,
         }
     }
 
@@ -1252,7 +1488,7 @@ impl CellSync {
             .copies
             .get(&cache::key(namespace, name))
             .and_then(|copy| copy.object().ok())
-            .filter(|copy| copy::published_by(copy, &self.settings.location));
+            .filter(|copy| self.ours(copy));
         if let Some(copy) = cached {
             match self.delete_uid(&api, name, copy.uid()).await? {
                 Some(deleted) => return Ok(deleted),
@@ -1265,8 +1501,8 @@ impl CellSync {
         let Some(copy) = api.get_metadata_opt(name).await.map_err(Error::Hub)? else {
             return Ok(false);
         };
-        if !copy::published_by(&copy, &self.settings.location) {
-            tracing::warn!(copy = %name, "not withdrawing: the hub object is not this location's copy");
+        if !self.ours(&copy) {
+            tracing::warn!(copy = %name, "not withdrawing: the hub object is not this location's copy from this cell");
             return Ok(false);
         }
         Ok(self.delete_uid(&api, name, copy.uid()).await?.unwrap_or(false))
