@@ -1,5 +1,8 @@
 //! The kubeconfig files the environment writes: one per cluster for the admin user, plus one
-//! for the hub's kube-controller-manager and one for the Karmada components.
+//! for the hub's kube-controller-manager and one for the Karmada components; and, for the
+//! credential-rotation scenarios, kubeconfigs whose user reads its token from a file
+//! ([`write_token_file_kubeconfig`]) and files published the way the kubelet updates a mounted
+//! Secret ([`publish_atomically`]).
 
 use std::path::{Path, PathBuf};
 
@@ -50,6 +53,80 @@ pub(crate) fn render_with_certificate(
         key.display()
     );
     render_user(cluster, server, ca_pem, user, &credentials)
+}
+
+/// Renders a kubeconfig whose user reads its bearer token from `token_file` (`tokenFile:`, as
+/// a pod's projected service-account token is named), with the CA embedded.
+pub fn render_with_token_file(cluster: Cluster, server: &str, ca_pem: &[u8], user: &str, token_file: &Path) -> String {
+    render_user(
+        cluster,
+        server,
+        ca_pem,
+        user,
+        &format!("tokenFile: {}", token_file.display()),
+    )
+}
+
+/// Writes, at `path` (mode 0600), a kubeconfig of `cluster` in `env` whose user reads its
+/// bearer token from `token_file`; the file itself is the caller's (see [`publish_atomically`]).
+///
+/// # Errors
+/// When the CA cannot be read or the file written.
+pub async fn write_token_file_kubeconfig(
+    env: &crate::Environment,
+    cluster: Cluster,
+    token_file: &Path,
+    path: &Path,
+) -> crate::Result<()> {
+    let ca = env.pki().ca_pem().await?;
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(crate::error::io_context(format!("creating {}", parent.display())))?;
+    }
+    let text = render_with_token_file(cluster, &env.server_url(cluster), &ca, "token-file", token_file);
+    crate::controlplane::write_private(path, &text)
+}
+
+/// Publishes `content` as `<dir>/<name>` the way the kubelet updates a mounted Secret or a
+/// projected token (its AtomicWriter): the bytes go into a new directory `<dir>/..<version>`, a
+/// symlink `..data_tmp` to it is renamed over `<dir>/..data` (one atomic step), `<dir>/<name>`
+/// is a symlink to `..data/<name>` (made once), and the previous version directory is removed.
+/// A reader of `<dir>/<name>` sees the old bytes or the new, never a partial file. `version`
+/// must differ from the current one (a timestamp or a counter).
+///
+/// # Errors
+/// The filesystem error of any step.
+pub fn publish_atomically(dir: &Path, name: &str, version: &str, content: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::create_dir_all(dir)?;
+    let data = dir.join("..data");
+    let previous = std::fs::read_link(&data).ok();
+    let versioned = format!("..{version}");
+    std::fs::create_dir_all(dir.join(&versioned))?;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(dir.join(&versioned).join(name))?;
+    file.write_all(content)?;
+    file.sync_all()?;
+    let tmp = dir.join("..data_tmp");
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error),
+    }
+    std::os::unix::fs::symlink(&versioned, &tmp)?;
+    std::fs::rename(&tmp, &data)?;
+    let link = dir.join(name);
+    if std::fs::symlink_metadata(&link).is_err() {
+        std::os::unix::fs::symlink(Path::new("..data").join(name), &link)?;
+    }
+    if let Some(previous) = previous.filter(|p| p.as_os_str() != versioned.as_str()) {
+        std::fs::remove_dir_all(dir.join(previous))?;
+    }
+    Ok(())
 }
 
 /// A kubeconfig of one cluster, one user (`credentials`: the user block's lines, the first
@@ -109,6 +186,44 @@ mod tests {
             Some("/pki/kubelet-cell-b.key")
         );
         assert!(user.is_some_and(|u| u.token.is_none()));
+        Ok(())
+    }
+
+    #[test]
+    fn a_token_file_kubeconfig_names_its_file() -> anyhow::Result<()> {
+        let text = render_with_token_file(
+            Cluster::Hub,
+            "https://127.0.0.1:16443",
+            b"PEM",
+            "token-file",
+            Path::new("/run/tokens/hub/token"),
+        );
+        let parsed = kube::config::Kubeconfig::from_yaml(&text)?;
+        let user = parsed.auth_infos.first().and_then(|a| a.auth_info.as_ref());
+        assert_eq!(
+            user.and_then(|u| u.token_file.as_deref()),
+            Some("/run/tokens/hub/token")
+        );
+        assert!(user.is_some_and(|u| u.token.is_none()));
+        Ok(())
+    }
+
+    #[test]
+    fn an_atomic_publish_swaps_the_content_behind_one_path() -> anyhow::Result<()> {
+        let dir = std::env::temp_dir().join(format!("e2e-publish-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        publish_atomically(&dir, "token", "1", b"first")?;
+        let path = dir.join("token");
+        assert_eq!(std::fs::read(&path)?, b"first");
+        assert_eq!(std::fs::read_link(&path)?, Path::new("..data/token"));
+        assert_eq!(std::fs::read_link(dir.join("..data"))?, Path::new("..1"));
+
+        publish_atomically(&dir, "token", "2", b"second")?;
+        assert_eq!(std::fs::read(&path)?, b"second");
+        assert_eq!(std::fs::read_link(dir.join("..data"))?, Path::new("..2"));
+        assert!(!dir.join("..1").exists(), "the previous version is removed");
+        assert!(!dir.join("..data_tmp").exists());
+        std::fs::remove_dir_all(&dir)?;
         Ok(())
     }
 

@@ -12,6 +12,19 @@
 //! back; nothing is written or deleted meanwhile. A fixed kubeconfig is picked up by a restart
 //! ([`crate::kubeconfig_watch`]). The cell and hub clients count every request they send in
 //! `replicator_api_requests_total{cluster,verb,resource,code}` ([`crate::metrics::api_requests`]).
+//!
+//! Token files: a kubeconfig user with `tokenFile:` (and no inline `token:`, which kube prefers)
+//! is handed to kube as it is, never resolved into a fixed token here, so kube's own refresh
+//! applies: it reads the file when the client is built and again at the first request once
+//! 50 s have passed since the last read (a 60 s cache, refreshed 10 s before it runs out); a
+//! failed read keeps the last token. A rotated token (a kubelet-projected service-account token,
+//! a Secret updated in place) is therefore in use within about a minute, without a restart; until
+//! then a revoked old token meets 401s, which [`HubHealth`] reports (not ready, writes paused,
+//! the probe retrying every second, and each probe is a request that lets kube re-read the
+//! file). The in-cluster cell client reads the pod's token file the same way. kube sends the
+//! file's bytes verbatim (client-go trims them), so a token file with a trailing newline would
+//! make every request fail: [`token_file_problem`] refuses such a file when the client is built,
+//! with a message naming it.
 
 use std::{path::Path, sync::Arc, time::Duration};
 
@@ -46,6 +59,62 @@ pub enum Error {
     /// The client could not be built from the configuration.
     #[error("failed to build client: {0}")]
     Client(#[source] kube::Error),
+    /// The token file the kubeconfig's user names (`tokenFile:`) holds no usable token (see
+    /// [`token_file_problem`]).
+    #[error("kubeconfig {kubeconfig}: token file {path} {problem}")]
+    TokenFile {
+        /// The kubeconfig.
+        kubeconfig: String,
+        /// The token file, as kube resolved it (relative to the kubeconfig's directory).
+        path: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+/// What is wrong with the content of a token file (a kubeconfig user's `tokenFile:`), or `None`
+/// when it is usable. kube sends the file's bytes verbatim as `Authorization: Bearer <bytes>`
+/// (client-go trims them first): whitespace around the token (the newline of
+/// `kubectl create token > file`) or any other control character makes every request fail
+/// before it is sent, so it is refused with the fix named. Pure: the caller reads the file.
+pub fn token_file_problem(content: &[u8]) -> Option<String> {
+    let Ok(text) = std::str::from_utf8(content) else {
+        return Some("is not UTF-8 text".to_owned());
+    };
+    if text.trim().is_empty() {
+        return Some("is empty".to_owned());
+    }
+    if text.trim() != text {
+        return Some(
+            "has whitespace or a newline around the token, which the client would send as part of it; \
+             write the token alone (for example `kubectl create token ... | tr -d '\\n' > file`)"
+                .to_owned(),
+        );
+    }
+    if text.chars().any(char::is_control) {
+        return Some("contains control characters".to_owned());
+    }
+    None
+}
+
+/// Checks the token file `config`'s user names, if it names one that kube will use (no inline
+/// token): unreadable files are left to kube's own error when the client is built.
+fn check_token_file(config: &Config, kubeconfig: &str) -> Result<(), Error> {
+    let auth = &config.auth_info;
+    let (Some(path), None) = (auth.token_file.as_deref(), auth.token.as_ref()) else {
+        return Ok(());
+    };
+    let Ok(content) = std::fs::read(path) else {
+        return Ok(());
+    };
+    match token_file_problem(&content) {
+        None => Ok(()),
+        Some(problem) => Err(Error::TokenFile {
+            kubeconfig: kubeconfig.to_owned(),
+            path: path.to_owned(),
+            problem,
+        }),
+    }
 }
 
 /// Which cluster a client talks to: the `cluster` label of `replicator_api_requests_total`.
@@ -153,17 +222,24 @@ async fn config_from_kubeconfig(path: &Path) -> Result<Config, Error> {
         path: display.clone(),
         source,
     })?;
-    Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .map_err(|source| Error::Kubeconfig { path: display, source })
+        .map_err(|source| Error::Kubeconfig {
+            path: display.clone(),
+            source,
+        })?;
+    // The config keeps `tokenFile:` as a path: kube reads and refreshes it (module docs).
+    check_token_file(&config, &display)?;
+    Ok(config)
 }
 
 /// Builds a client from the kubeconfig at `path` (current context); its requests are counted as
-/// the hub's.
+/// the hub's. A user's `tokenFile:` stays a file kube re-reads (see the module documentation).
 ///
 /// # Errors
 /// [`Error::Missing`] when the file is absent or empty, [`Error::Kubeconfig`] when it does not
-/// parse, [`Error::Client`] when no client can be built from it.
+/// parse, [`Error::TokenFile`] when the token file it names holds no usable token,
+/// [`Error::Client`] when no client can be built from it (an unreadable token file included).
 pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, Error> {
     counted_client(config_from_kubeconfig(path).await?, Role::Hub)
 }
@@ -657,6 +733,106 @@ mod tests {
         std::fs::write(&garbage, "{not: [yaml").unwrap();
         let result = client_from_kubeconfig(&garbage).await;
         assert!(matches!(result, Err(Error::Kubeconfig { .. })), "{:?}", result.err());
+    }
+
+    #[test]
+    fn a_token_file_holds_the_token_alone() {
+        assert_eq!(token_file_problem(b"eyJhbGciOiJSUzI1NiJ9.e30.c2ln"), None);
+        assert_eq!(token_file_problem(b"").as_deref(), Some("is empty"));
+        assert_eq!(token_file_problem(b" \n").as_deref(), Some("is empty"));
+        for padded in [&b"token\n"[..], b"token\r\n", b" token", b"token\t"] {
+            let problem = token_file_problem(padded).unwrap();
+            assert!(
+                problem.starts_with("has whitespace or a newline around the token"),
+                "{problem}"
+            );
+            assert!(problem.contains("tr -d '\\n'"), "the fix is named: {problem}");
+        }
+        assert_eq!(
+            token_file_problem(b"tok\nen").as_deref(),
+            Some("contains control characters")
+        );
+        assert_eq!(
+            token_file_problem(b"tok\x7fen").as_deref(),
+            Some("contains control characters")
+        );
+        assert_eq!(token_file_problem(&[0xff, 0xfe]).as_deref(), Some("is not UTF-8 text"));
+    }
+
+    /// A kubeconfig at `dir/name` for `server` whose user is `user` (YAML lines of the user).
+    fn kubeconfig_file(dir: &Path, name: &str, server: &str, user: &str) -> std::path::PathBuf {
+        let path = dir.join(name);
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: '{server}'}}}}]\n\
+             users: [{{name: u, user: {{{user}}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: u}}}}]\n\
+             current-context: c\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Accepts one connection on `listener`, answers `/version` and returns the request's
+    /// `authorization` header.
+    async fn authorization_of_one_request(listener: &tokio::net::TcpListener) -> Option<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut request = Vec::new();
+        let mut buf = vec![0u8; 4096];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = socket.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the request ended before its headers");
+            request.extend_from_slice(&buf[..n]);
+        }
+        let body = r#"{"major":"1","minor":"35","gitVersion":"v1.35.4","gitCommit":"","gitTreeState":"","buildDate":"","goVersion":"","compiler":"","platform":""}"#;
+        let response = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        socket.write_all(response.as_bytes()).await.unwrap();
+        String::from_utf8_lossy(&request)
+            .lines()
+            .find_map(|l| l.strip_prefix("authorization: ").map(str::to_owned))
+    }
+
+    #[tokio::test]
+    async fn a_token_file_stays_a_file_kube_reads_and_a_padded_one_is_refused() {
+        let dir = std::env::temp_dir().join(format!("replicator-tokenfile-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("tokens")).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = format!("http://{}", listener.local_addr().unwrap());
+        // Relative to the kubeconfig's directory, as kubectl reads it.
+        let path = kubeconfig_file(&dir, "hub.kubeconfig", &server, "tokenFile: tokens/token");
+        std::fs::write(dir.join("tokens/token"), "first-token").unwrap();
+
+        // The configuration keeps the file, not its content: kube's refresh applies.
+        let config = config_from_kubeconfig(&path).await.unwrap();
+        let named = dir.join("tokens/token").display().to_string();
+        assert_eq!(config.auth_info.token_file.as_deref(), Some(named.as_str()));
+        assert!(config.auth_info.token.is_none(), "the token is not resolved once");
+
+        // The hub client sends the file's token.
+        let hub = hub_from_kubeconfig(&path).await.unwrap();
+        let (sent, answered) = tokio::join!(authorization_of_one_request(&listener), hub.client.apiserver_version());
+        answered.unwrap();
+        assert_eq!(sent.as_deref(), Some("Bearer first-token"));
+
+        // A token file written with a trailing newline is refused, naming the file.
+        std::fs::write(dir.join("tokens/token"), "first-token\n").unwrap();
+        let err = hub_from_kubeconfig(&path).await.err().unwrap();
+        assert!(matches!(err, Error::TokenFile { .. }), "{err}");
+        let message = err.to_string();
+        assert!(message.contains(&named) && message.contains("newline"), "{message}");
+
+        // An inline token wins over the file (kube's precedence), so the file is not judged.
+        let inline = kubeconfig_file(
+            &dir,
+            "inline.kubeconfig",
+            &server,
+            "token: inline-token, tokenFile: tokens/token",
+        );
+        assert!(client_from_kubeconfig(&inline).await.is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A server answering one request per connection with each of `statuses` in turn (a

@@ -15,8 +15,14 @@
 //!
 //! A missing, unreadable or empty file is not a change: during the swap, or while a Secret is
 //! being recreated, the old clients keep running. `--exit-on-kubeconfig-change=false` turns the
-//! watch off (a bare process under a supervisor that does not restart on exit 0). A token file
-//! the kubeconfig names (`tokenFile:`) is not watched.
+//! watch off (a bare process under a supervisor that does not restart on exit 0).
+//!
+//! A token file the kubeconfig names (`tokenFile:`) is not watched and its rotation ends
+//! nothing: the client re-reads it by itself about once a minute (see [`crate::cluster`]), so
+//! a rotated token is picked up in place. Only the bytes of the kubeconfig file count: a Secret
+//! holding both the kubeconfig and its token file, updated with a new token only, leaves the
+//! kubeconfig's bytes unchanged and the process running; a new server, CA or user in the
+//! kubeconfig is a change and restarts it.
 
 use std::{
     path::{Path, PathBuf},
