@@ -122,7 +122,7 @@ impl ReplicatorSpec {
         self.credentials
     }
 
-    /// Runs `replicator run` with `--identity <identity>`: a process spawned again with the
+    /// Runs the process with `--identity <identity>`: a process spawned again with the
     /// identity of one that was killed is the same replica restarted (as a container restarted
     /// in its pod keeps `$POD_NAME`). Default: an identity no other process of this machine has
     /// ([`ReplicatorProcess::identity`] tells it).
@@ -261,18 +261,27 @@ impl ReplicatorProcess {
                 SPAWNED.fetch_add(1, Ordering::Relaxed)
             )
         });
-        if !spec.membership {
-            // Every process is its own replica unless the scenario says it restarts one: the
-            // product's default identity (the host name) is shared by every process here.
-            args.extend(["--identity".into(), identity.clone().into()]);
-            // The rendered Lease Role lives in the identities' namespace, so the Leases do too;
-            // an admin process uses `default`, which no scenario removes.
-            let namespace = if identities.is_some() {
-                crate::rbac::NAMESPACE
-            } else {
-                "default"
-            };
-            args.extend(["--lease-namespace".into(), namespace.into()]);
+        // Every process is its own replica unless the scenario says it restarts one: the
+        // product's default identity (the host name) is shared by every process here.
+        args.extend(["--identity".into(), identity.clone().into()]);
+        // The rendered Lease Roles live in the identities' namespace, so the Leases do too;
+        // an admin process uses `default`, which no scenario removes.
+        let namespace = if identities.is_some() {
+            crate::rbac::NAMESPACE
+        } else {
+            "default"
+        };
+        args.extend(["--lease-namespace".into(), namespace.into()]);
+        let elects = spec.args.iter().any(|a| {
+            let a = a.to_string_lossy();
+            a.starts_with("--lease-name") || a.starts_with("--leader-elect")
+        });
+        if spec.membership && !elects {
+            // Membership elects on one Lease for the whole hub, and scenarios of other test
+            // processes run their own membership beside this one: a process writes on its own
+            // (and leaves no Lease behind) unless the scenario groups its replicas under a
+            // `--lease-name` (and removes that Lease when it ends).
+            args.push("--leader-elect=false".into());
         }
         args.extend(spec.args.iter().cloned());
         let (log, mut out) = create_log(&env.logs_dir(), &spec.location)?;
@@ -320,7 +329,7 @@ impl ReplicatorProcess {
         self.pid
     }
 
-    /// The `--identity` it runs with (a membership process: the one it would have).
+    /// The `--identity` it runs with.
     pub fn identity(&self) -> &str {
         &self.identity
     }

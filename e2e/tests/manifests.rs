@@ -124,7 +124,7 @@ const MEMBERSHIP_RULES: Rules = &[
     (
         DISCOVERY,
         "endpointslices",
-        &["list", "watch", "create", "patch", "delete"],
+        &["get", "list", "watch", "create", "patch", "delete"],
     ),
     ("", "namespaces", &["list", "watch"]),
     (EVENTS, "events", &["create", "patch"]),
@@ -416,15 +416,11 @@ fn port_number(container: &Value, name: &str) -> Option<u64> {
 fn check_deployment<'a>(deployment: &'a Value, subcommand: &str) -> &'a Value {
     let name = deployment["metadata"]["name"].as_str().unwrap();
     let spec = &deployment["spec"];
-    if subcommand == "run" {
-        // Leader election on a hub Lease: a warm standby, and a rollout that never drops to zero.
-        assert_eq!(spec["replicas"], 2, "{name}: leader and standby");
-        assert_eq!(spec["strategy"]["type"], "RollingUpdate", "{name}");
-        assert_eq!(spec["strategy"]["rollingUpdate"]["maxUnavailable"], 0, "{name}");
-    } else {
-        assert_eq!(spec["replicas"], 1, "{name}: one writer");
-        assert_eq!(spec["strategy"]["type"], "Recreate", "{name}: never two pods at once");
-    }
+    // Leader election on a hub Lease (both commands): a warm standby, and a rollout that never
+    // drops to zero.
+    assert_eq!(spec["replicas"], 2, "{name}: leader and standby");
+    assert_eq!(spec["strategy"]["type"], "RollingUpdate", "{name}");
+    assert_eq!(spec["strategy"]["rollingUpdate"]["maxUnavailable"], 0, "{name}");
     let pod = &spec["template"]["spec"];
     let selector = spec["selector"]["matchLabels"].as_object().unwrap();
     for (k, v) in selector {
@@ -627,10 +623,26 @@ async fn rendered_manifests_keep_the_deployment_contract() -> TestResult {
 
     let hub = render("hub").await;
     let deployment = find(&hub, "Deployment", "replicator-membership");
-    check_deployment(deployment, "membership");
+    let c = check_deployment(deployment, "membership");
     assert_eq!(
         deployment["spec"]["template"]["spec"]["automountServiceAccountToken"], false,
         "membership talks to the hub through its kubeconfig only"
+    );
+    // The Lease identity is the pod name, from the downward API; the Lease is the default one.
+    assert_eq!(
+        env_value(c, "POD_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.name"
+    );
+    let args = strings(&c["args"]);
+    for flag in ["--identity", "--leader-elect", "--lease-name", "--lease-namespace"] {
+        assert!(arg_value(&args, flag).is_none(), "{flag}: the defaults apply");
+    }
+    // A drain keeps one replica: the PodDisruptionBudget selects exactly the Deployment's pods.
+    let pdb = find(&hub, "PodDisruptionBudget", "replicator-membership");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"], deployment["spec"]["selector"]["matchLabels"],
+        "the budget covers the membership pods"
     );
     check_metrics_service(find(&hub, "Service", "replicator-membership"), deployment);
 
@@ -649,6 +661,22 @@ async fn rendered_manifests_keep_the_deployment_contract() -> TestResult {
         "replicator-membership",
         "replicator-membership",
         "replicator-system",
+    );
+    // Membership's Lease: a namespaced Role of its own, bound to its account only.
+    let lease_role = find(&rbac, "Role", "replicator-membership-lease");
+    assert_eq!(
+        lease_role["rules"],
+        json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                "verbs": ["get", "list", "watch", "create", "patch"]}])
+    );
+    let lease_binding = find(&rbac, "RoleBinding", "replicator-membership-lease");
+    assert_eq!(
+        lease_binding["roleRef"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "replicator-membership-lease"})
+    );
+    assert_eq!(
+        lease_binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "replicator-membership", "namespace": "replicator-system"}])
     );
 
     // Monitoring: each ServiceMonitor selects the metrics Service of one Deployment.
@@ -998,6 +1026,37 @@ async fn the_roles_grant_exactly_the_verbs_the_code_uses() -> TestResult {
             "no",
         ),
         (HUB, &membership_sa, vec!["delete", "namespaces"], "no"),
+        // Membership's leader election: its Lease Role in the namespace, nothing beyond it.
+        (
+            HUB,
+            &membership_sa,
+            vec!["create", "leases.coordination.k8s.io", "-n", n],
+            "yes",
+        ),
+        (
+            HUB,
+            &membership_sa,
+            vec!["patch", "leases.coordination.k8s.io", "-n", n],
+            "yes",
+        ),
+        (
+            HUB,
+            &membership_sa,
+            vec!["watch", "leases.coordination.k8s.io", "-n", n],
+            "yes",
+        ),
+        (
+            HUB,
+            &membership_sa,
+            vec!["delete", "leases.coordination.k8s.io", "-n", n],
+            "no",
+        ),
+        (
+            HUB,
+            &membership_sa,
+            vec!["patch", "leases.coordination.k8s.io", "-n", "kube-system"],
+            "no",
+        ),
     ] {
         assert_eq!(
             can_i(&env, cluster, &ns, sa, &args).await,

@@ -60,6 +60,30 @@ pub const FIELD_MANAGER: &str = "replicator-membership";
 /// is a DNS label, so it has none).
 pub const LEASE: &str = "replicator.membership";
 
+/// Checks a Lease name: a DNS-1123 subdomain (dot-separated parts of lowercase alphanumerics
+/// and `-`, at most 253 characters), as the apiserver requires.
+///
+/// # Errors
+/// A message saying what a Lease name must be.
+pub fn parse_lease_name(s: &str) -> Result<String, String> {
+    let ok = s.len() <= 253
+        && s.split('.').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+        });
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?} is not a Lease name: lowercase letters, digits, '-' and '.', alphanumeric at each end of a part, at most 253"
+        ))
+    }
+}
+
 /// How soon a service whose slices are taken or refused is looked at again (the other slice
 /// may go without an event this controller watches: a hand-made one carries none of its labels).
 const RECHECK: Duration = Duration::from_secs(60);
@@ -84,11 +108,14 @@ pub struct MembershipArgs {
     /// Concurrent service workers.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
-    /// Elect one writer among the replicas on hub Lease `replicator.membership` ([`LEASE`]);
-    /// standbys keep warm caches. With `false` this process writes unconditionally (run exactly
-    /// one replica then).
+    /// Elect one writer among the replicas on hub Lease `--lease-name`; standbys keep warm
+    /// caches. With `false` this process writes unconditionally (run exactly one replica then).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "REPLICATOR_LEADER_ELECT")]
     pub leader_elect: bool,
+    /// Name of the Lease (default [`LEASE`], `replicator.membership`: its `.` keeps it apart
+    /// from every `replicator-<location>` Lease of `replicator run`).
+    #[arg(long, default_value = LEASE, value_parser = parse_lease_name)]
+    pub lease_name: String,
     /// Namespace of the Lease on the hub (created by config/rbac/hub).
     #[arg(long, default_value = "replicator-system", env = "REPLICATOR_LEASE_NAMESPACE")]
     pub lease_namespace: String,
@@ -905,7 +932,7 @@ pub async fn run(args: MembershipArgs) -> anyhow::Result<()> {
         let errors = controller.metrics.errors.clone();
         tasks.spawn(crate::election::run_on(
             hub.clone(),
-            LEASE.to_owned(),
+            args.lease_name.clone(),
             crate::election::Settings {
                 namespace: args.lease_namespace.clone(),
                 identity: identity.clone(),
@@ -946,4 +973,61 @@ pub async fn run(args: MembershipArgs) -> anyhow::Result<()> {
     while tasks.join_next().await.is_some() {}
     while servers.join_next().await.is_some() {}
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn args(extra: &[&str]) -> Result<MembershipArgs, clap::Error> {
+        let mut argv = vec!["replicator", "membership", "--hub-kubeconfig", "/h"];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Membership(args) => Ok(args),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn election_flags_default_to_one_lease_and_take_an_identity() {
+        let d = args(&[]).unwrap();
+        assert!(d.leader_elect);
+        assert_eq!(d.lease_name, "replicator.membership");
+        assert_eq!(d.lease_namespace, "replicator-system");
+        assert_eq!(
+            (d.lease_duration, d.lease_grace),
+            (Duration::from_secs(15), Duration::from_secs(5))
+        );
+        assert_eq!(d.identity, None);
+        let set = args(&[
+            "--identity",
+            "replicator-membership-7d9f-x2x",
+            "--lease-name",
+            "e2e.membership-1",
+            "--lease-namespace",
+            "replicator-e2e",
+            "--lease-duration",
+            "4s",
+            "--lease-grace",
+            "2",
+            "--leader-elect=false",
+        ])
+        .unwrap();
+        assert_eq!(set.identity.as_deref(), Some("replicator-membership-7d9f-x2x"));
+        assert_eq!(set.lease_name, "e2e.membership-1");
+        assert_eq!(set.lease_namespace, "replicator-e2e");
+        assert_eq!(
+            (set.lease_duration, set.lease_grace),
+            (Duration::from_secs(4), Duration::from_secs(2))
+        );
+        assert!(!set.leader_elect);
+        for bad in ["Membership", "a-", "a..b", "a_b", ""] {
+            let err = args(&["--lease-name", bad]).unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{bad:?}");
+        }
+        assert!(!LEASE.starts_with("replicator-"), "never a location's Lease name");
+    }
 }
