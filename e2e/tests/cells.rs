@@ -220,3 +220,95 @@ async fn two_locations_whose_copies_share_a_name_are_reported_with_both_sources(
     teardown.finish(&env).await?;
     Ok(())
 }
+
+/// The holder of Lease `replicator-<location>` of bare processes (namespace of the harness
+/// identities), if any.
+async fn lease_holder(hub: &Client, location: &str) -> anyhow::Result<Option<String>> {
+    let leases =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(hub.clone(), replicator_e2e::rbac::NAMESPACE);
+    Ok(leases
+        .get_opt(&format!("replicator-{location}"))
+        .await?
+        .and_then(|l| l.spec?.holder_identity)
+        .filter(|h| !h.is_empty()))
+}
+
+#[tokio::test]
+async fn a_refused_cell_leaves_the_location_lease_to_the_cell_that_publishes_it() -> anyhow::Result<()> {
+    let env = Environment::ensure_up().await?;
+    let (ns, loc) = (unique("lease"), unique("loc"));
+    let mut teardown = deploy::Teardown::new(&env, &[&loc]).await?;
+    for cluster in [HUB, CELL_A, CELL_B] {
+        teardown.namespace(cluster, &ns);
+    }
+    fixtures::routed_namespace(&env, &ns).await?;
+    let (a, b, hub) = (
+        env.client(CELL_A).await?,
+        env.client(CELL_B).await?,
+        env.client(HUB).await?,
+    );
+    let es = fixtures::resource("endpointslices")?;
+    let first_spec = || ReplicatorSpec::new(CELL_A).location(&loc).identity(format!("{loc}-a"));
+
+    let mut first = ReplicatorProcess::spawn(&env, first_spec()).await?;
+    first.wait_ready(Duration::from_secs(60)).await?;
+    fixtures::apply(&a, &es, &slice(&ns, "pod-a", "fd20::a")).await?;
+    fixtures::wait_for(
+        &hub,
+        &es,
+        &ns,
+        &copy_name(&ns, "pod-a", &loc),
+        CONVERGE,
+        "cell-a's copy",
+        |_| true,
+    )
+    .await?;
+    // Stopped cleanly: the Lease is free for whoever comes next.
+    first.terminate(Duration::from_secs(10)).await?;
+
+    // cell-b, same location, elects as usual: it finds cell-a's copies and stays out of the
+    // election (or leaves it, if it took the free Lease before its copies listed).
+    fixtures::apply(&b, &es, &slice(&ns, "pod-b", "fd20::b")).await?;
+    let second = ReplicatorProcess::spawn(&env, ReplicatorSpec::new(CELL_B).location(&loc)).await?;
+    let location = [("location", loc.as_str())];
+    wait::until(CONVERGE, "cell-b refused and not holding the Lease", || async {
+        let conflict = second.metric("replicator_location_conflict", &location).await?;
+        let leader = second.metric("replicator_leader", &location).await?;
+        let holder = lease_holder(&hub, &loc)
+            .await
+            .map_err(|e| replicator_e2e::Error::Scenario(e.to_string()))?;
+        Ok::<_, replicator_e2e::Error>(
+            (conflict == Some(1.0) && leader == Some(0.0) && holder.as_deref() != Some(second.identity()))
+                .then_some(()),
+        )
+    })
+    .await?;
+
+    // cell-a comes back and takes the Lease at once: it publishes while cell-b stays refused.
+    let mut first = ReplicatorProcess::spawn(&env, first_spec()).await?;
+    first.wait_ready(Duration::from_secs(60)).await?;
+    fixtures::apply(&a, &es, &slice(&ns, "pod-a2", "fd20::a2")).await?;
+    fixtures::wait_for(
+        &hub,
+        &es,
+        &ns,
+        &copy_name(&ns, "pod-a2", &loc),
+        CONVERGE,
+        "cell-a writes again",
+        |_| true,
+    )
+    .await?;
+    assert_eq!(lease_holder(&hub, &loc).await?.as_deref(), Some(first.identity()));
+    assert_eq!(
+        second.metric("replicator_location_conflict", &location).await?,
+        Some(1.0)
+    );
+    assert!(
+        fixtures::get(&hub, &es, &ns, &copy_name(&ns, "pod-b", &loc))
+            .await?
+            .is_none()
+    );
+    drop((first, second));
+    teardown.finish(&env).await?;
+    Ok(())
+}

@@ -527,27 +527,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 duration: args.lease_duration,
                 grace: args.lease_grace,
             };
-            let sync = Arc::clone(&sync);
-            let (metrics, lease_location) = (metrics.clone(), location.clone());
-            tasks.spawn(election::run(
+            tasks.spawn(elect_while_unclaimed(
+                Arc::clone(&sync),
                 hub.clone(),
                 location,
                 election,
+                metrics.clone(),
+                hub_health.clone(),
                 cancel.clone(),
-                election::Reports {
-                    on_change: move |leading| sync.set_leader(leading),
-                    on_error: move |class: crate::sync::ErrorClass| {
-                        metrics
-                            .errors
-                            .get_or_create(&ErrorLabels {
-                                kind: "Lease".to_owned(),
-                                location: lease_location.clone(),
-                                class: class.metric_label(),
-                            })
-                            .inc();
-                    },
-                    hub_health: hub_health.clone(),
-                },
             ));
         } else {
             sync.set_leader(true);
@@ -579,6 +566,63 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     while servers.join_next().await.is_some() {}
     tracing::info!("stopped");
     result
+}
+
+/// Takes part in the election of `location` while no other cell publishes it: a replica that
+/// finds its location claimed by another cell (see `CellSync`'s write gate) leaves the election,
+/// releasing the Lease if it holds it, so that the cell that published first keeps a writer;
+/// it joins again once the claim is gone.
+async fn elect_while_unclaimed(
+    sync: Arc<CellSync>,
+    hub: kube::Client,
+    location: String,
+    settings: election::Settings,
+    metrics: Metrics,
+    hub_health: HubHealth,
+    cancel: CancellationToken,
+) {
+    let mut gate = sync.subscribe_gate();
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            closed = async { gate.wait_for(|g| !g.claimed_elsewhere).await.is_err() } => if closed { return },
+        }
+        let term = cancel.child_token();
+        let (leader, errors, lease_location) = (Arc::clone(&sync), metrics.clone(), location.clone());
+        let election = election::run(
+            hub.clone(),
+            location.clone(),
+            settings.clone(),
+            term.clone(),
+            election::Reports {
+                on_change: move |leading| leader.set_leader(leading),
+                on_error: move |class: crate::sync::ErrorClass| {
+                    errors
+                        .errors
+                        .get_or_create(&ErrorLabels {
+                            kind: "Lease".to_owned(),
+                            location: lease_location.clone(),
+                            class: class.metric_label(),
+                        })
+                        .inc();
+                },
+                hub_health: hub_health.clone(),
+            },
+        );
+        tokio::pin!(election);
+        tokio::select! {
+            () = &mut election => return,
+            closed = async { gate.wait_for(|g| g.claimed_elsewhere).await.is_err() } => {
+                term.cancel();
+                election.await;
+                sync.set_leader(false);
+                if closed {
+                    return;
+                }
+                tracing::warn!(location = %location, "another cell publishes this location: left the election");
+            }
+        }
+    }
 }
 
 /// Cancels `cancel` on SIGTERM or SIGINT.
