@@ -466,3 +466,436 @@ pub async fn sample_input(
     }
     Ok(written)
 }
+
+/// The path of a fixture file of the e2e crate, `e2e/testdata/<name>`.
+pub fn testdata(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata")
+        .join(name)
+}
+
+/// How long a CRD or a fresh binding may take to take effect.
+const TAKES_EFFECT: Duration = Duration::from_secs(60);
+
+/// Server-side applies the CRDs of `file` to each of `clusters` and waits until they are
+/// Established. Idempotent; the CRDs are left installed (cluster-scoped infrastructure, like the
+/// project's own CRDs), so concurrent scenarios may call it at once.
+///
+/// # Errors
+/// A failed apply, or a CRD not Established within a minute.
+pub async fn ensure_crds(env: &Environment, clusters: &[Cluster], file: &std::path::Path) -> Result<()> {
+    for cluster in clusters {
+        env.kubectl_ok(
+            *cluster,
+            [
+                "apply".as_ref(),
+                "--server-side".as_ref(),
+                "--force-conflicts".as_ref(),
+                std::ffi::OsStr::new(&format!("--field-manager={FIELD_MANAGER}")),
+                "-f".as_ref(),
+                file.as_os_str(),
+            ],
+        )
+        .await?;
+        env.kubectl_ok(
+            *cluster,
+            [
+                "wait".as_ref(),
+                "--for=condition=Established".as_ref(),
+                std::ffi::OsStr::new(&format!("--timeout={}s", TAKES_EFFECT.as_secs())),
+                "-f".as_ref(),
+                file.as_os_str(),
+            ],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The object kinds an identity render keeps: what the replicator's own identity is made of.
+const IDENTITY_KINDS: [&str; 5] = [
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+];
+
+/// What [`composed_identity`] renders: the shipped `config/rbac/cell` and `config/rbac/hub`, each
+/// with the kustomize components an operator adds beside them (paths under `config/`, for
+/// example `components/vpcattachments/cell`), and an optional edit of the rendered cell objects
+/// (a scenario that needs a narrower role than the shipped one says exactly what it takes away).
+pub struct IdentitySpec<'a> {
+    /// A short DNS label naming the identity: every rendered name gets `-<name>-e2e`.
+    pub name: &'a str,
+    /// The cell the identity is created in.
+    pub cell: Cluster,
+    /// Components added to `config/rbac/cell`.
+    pub cell_components: &'a [&'a str],
+    /// Components added to `config/rbac/hub`.
+    pub hub_components: &'a [&'a str],
+    /// Applied to every rendered cell object (ServiceAccount, ClusterRole, ...) before it is applied.
+    pub edit_cell: Option<&'a (dyn Fn(&mut Value) + Sync)>,
+}
+
+/// An identity of `replicator run` made by [`composed_identity`]; [`ComposedIdentity::remove`]
+/// deletes what was applied (a scenario calls it from its teardown).
+#[derive(Debug, Clone)]
+pub struct ComposedIdentity {
+    /// Kubeconfig of the cell service account.
+    pub cell_kubeconfig: std::path::PathBuf,
+    /// Kubeconfig of the hub service account.
+    pub hub_kubeconfig: std::path::PathBuf,
+    /// The files applied, with their cluster.
+    pub applied: Vec<(Cluster, std::path::PathBuf)>,
+    kubectl: std::path::PathBuf,
+    admin: BTreeMap<Cluster, std::path::PathBuf>,
+}
+
+impl ComposedIdentity {
+    /// Deletes every object the identity applied (`kubectl delete --ignore-not-found`), best
+    /// effort, blocking: callable from a `Drop`.
+    pub fn remove(&self) {
+        for (cluster, file) in &self.applied {
+            let Some(admin) = self.admin.get(cluster) else {
+                continue;
+            };
+            let status = std::process::Command::new(&self.kubectl)
+                .arg("--kubeconfig")
+                .arg(admin)
+                .args(["delete", "--ignore-not-found", "--wait=false", "-f"])
+                .arg(file)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+            if !status.is_ok_and(|s| s.success()) {
+                eprintln!("removing the identity objects of {} failed", file.display());
+            }
+        }
+    }
+}
+
+/// Renders the replicator's identity the way an operator composes it (`config/rbac/{cell,hub}`
+/// plus components, through a wrapper kustomization that moves it into namespace
+/// [`crate::rbac::NAMESPACE`] and suffixes every name with `-<name>-e2e`), applies the RBAC
+/// objects of the render to `spec.cell` and the hub, and writes token kubeconfigs of the two
+/// `replicator-<name>-e2e` service accounts. The Lease Role lands in [`crate::rbac::NAMESPACE`],
+/// the namespace [`crate::ReplicatorProcess::spawn`] passes as `--lease-namespace`. Waits until
+/// the last rule of every rendered role is allowed.
+///
+/// # Errors
+/// A failed render, apply or token request, or a binding that never takes effect.
+pub async fn composed_identity(env: &Environment, spec: &IdentitySpec<'_>) -> Result<ComposedIdentity> {
+    let suffix = format!("{}-{}", spec.name, crate::rbac::NAME_SUFFIX);
+    let work = env.dir().join("scratch").join(format!("identity-{}", spec.name));
+    let account = format!("replicator-{suffix}");
+    let mut applied = Vec::new();
+    let mut kubeconfigs = Vec::new();
+    for (cluster, target, components, edit) in [
+        (spec.cell, "rbac/cell", spec.cell_components, spec.edit_cell),
+        (Cluster::Hub, "rbac/hub", spec.hub_components, None),
+    ] {
+        let dir = work.join(target.replace('/', "-"));
+        std::fs::create_dir_all(&dir).map_err(|e| Error::Scenario(format!("creating {}: {e}", dir.display())))?;
+        let mut k = format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {}\n",
+            relative_config(&dir, target).display()
+        );
+        if !components.is_empty() {
+            k.push_str("components:\n");
+        }
+        for component in components {
+            k.push_str(&format!("- {}\n", relative_config(&dir, component).display()));
+        }
+        k.push_str(&format!(
+            "namespace: \"{}\"\nnameSuffix: \"-{suffix}\"\n",
+            crate::rbac::NAMESPACE
+        ));
+        let file = dir.join("kustomization.yaml");
+        std::fs::write(&file, k).map_err(|e| Error::Scenario(format!("writing {}: {e}", file.display())))?;
+        let rendered = env
+            .kubectl_ok(
+                Cluster::Hub,
+                [std::ffi::OsString::from("kustomize"), dir.clone().into_os_string()],
+            )
+            .await?;
+        let mut items: Vec<Value> = serde_saphyr::from_multiple::<Value>(&rendered)
+            .map_err(|e| Error::Scenario(format!("parsing the render of {}: {e}", dir.display())))?
+            .into_iter()
+            .filter(|o| o["kind"].as_str().is_some_and(|k| IDENTITY_KINDS.contains(&k)))
+            .collect();
+        if let Some(edit) = edit {
+            items.iter_mut().for_each(edit);
+        }
+        if !items
+            .iter()
+            .any(|o| o["kind"] == "ServiceAccount" && o["metadata"]["name"] == account.as_str())
+        {
+            return Err(Error::Scenario(format!(
+                "config/{target} renders no ServiceAccount {account}"
+            )));
+        }
+        let list = dir.join("identity.json");
+        let text = json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
+        std::fs::write(&list, text).map_err(|e| Error::Scenario(format!("writing {}: {e}", list.display())))?;
+        env.ensure_namespace(cluster, crate::rbac::NAMESPACE).await?;
+        applied.push((cluster, list.clone()));
+        env.kubectl_ok(
+            cluster,
+            [
+                "apply".as_ref(),
+                "--server-side".as_ref(),
+                "--force-conflicts".as_ref(),
+                std::ffi::OsStr::new(&format!("--field-manager={FIELD_MANAGER}")),
+                "-f".as_ref(),
+                list.as_os_str(),
+            ],
+        )
+        .await?;
+        let token = env
+            .service_account_token(cluster, crate::rbac::NAMESPACE, &account, "2h")
+            .await?;
+        let kubeconfig = work.join(format!("{}.kubeconfig", cluster.name()));
+        crate::rbac::write_token_kubeconfig(env, cluster, &env.server_url(cluster), &token, &kubeconfig).await?;
+        wait_roles_in_force(&kubeconfig, &items).await?;
+        kubeconfigs.push(kubeconfig);
+    }
+    let hub_kubeconfig = kubeconfigs.pop().unwrap_or_default();
+    let cell_kubeconfig = kubeconfigs.pop().unwrap_or_default();
+    Ok(ComposedIdentity {
+        cell_kubeconfig,
+        hub_kubeconfig,
+        kubectl: env.binaries().kubectl.clone(),
+        admin: [spec.cell, Cluster::Hub]
+            .into_iter()
+            .map(|c| (c, env.kubeconfig_path(c)))
+            .collect(),
+        applied,
+    })
+}
+
+/// `config/<target>` as a path relative to `from` (kustomize refuses absolute paths).
+fn relative_config(from: &std::path::Path, target: &str) -> std::path::PathBuf {
+    let ups = from
+        .components()
+        .filter(|c| matches!(c, std::path::Component::Normal(_)))
+        .count();
+    let config = crate::paths::workspace_root().join("config").join(target);
+    let mut rel = std::path::PathBuf::new();
+    for _ in 0..ups {
+        rel.push("..");
+    }
+    rel.join(config.strip_prefix("/").unwrap_or(&config))
+}
+
+/// Waits until the identity of `kubeconfig` is allowed the last rule of every Role and
+/// ClusterRole in `items` (a fresh binding reaches the authorizer through an informer).
+async fn wait_roles_in_force(kubeconfig: &std::path::Path, items: &[Value]) -> Result<()> {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(kubeconfig)?,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    let api = Api::<SelfSubjectAccessReview>::all(Client::try_from(config)?);
+    for role in items
+        .iter()
+        .filter(|o| o["kind"] == "Role" || o["kind"] == "ClusterRole")
+    {
+        let Some(rule) = role["rules"].as_array().and_then(|r| r.last()) else {
+            continue;
+        };
+        let attributes = ResourceAttributes {
+            group: rule["apiGroups"][0].as_str().map(str::to_owned),
+            resource: rule["resources"][0].as_str().map(str::to_owned),
+            verb: rule["verbs"][0].as_str().map(str::to_owned),
+            namespace: role["metadata"]["namespace"].as_str().map(str::to_owned),
+            ..ResourceAttributes::default()
+        };
+        let what = format!("{attributes:?} to be allowed ({})", role["metadata"]["name"]);
+        wait::until(TAKES_EFFECT, &what, || {
+            let (api, attributes) = (api.clone(), attributes.clone());
+            async move {
+                let review = SelfSubjectAccessReview {
+                    spec: SelfSubjectAccessReviewSpec {
+                        resource_attributes: Some(attributes),
+                        ..SelfSubjectAccessReviewSpec::default()
+                    },
+                    ..SelfSubjectAccessReview::default()
+                };
+                let allowed = api
+                    .create(&PostParams::default(), &review)
+                    .await?
+                    .status
+                    .is_some_and(|s| s.allowed);
+                Ok::<_, kube::Error>(allowed.then_some(()))
+            }
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Creates namespace `name` in each of `clusters` directly (kept from Karmada's namespace
+/// propagation), routed to project `upstream_cluster`/`upstream_namespace`: the values of
+/// `meta.datumapis.com/upstream-cluster-name` and `.../upstream-namespace`.
+///
+/// # Errors
+/// Any API error other than AlreadyExists.
+pub async fn namespace_routed_to(
+    env: &Environment,
+    clusters: &[Cluster],
+    name: &str,
+    upstream_cluster: &str,
+    upstream_namespace: &str,
+) -> Result<()> {
+    for cluster in clusters {
+        let api = Api::<Namespace>::all(env.client(*cluster).await?);
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                labels: Some(BTreeMap::from([
+                    (
+                        replicator::routing::UPSTREAM_CLUSTER_LABEL.to_owned(),
+                        upstream_cluster.to_owned(),
+                    ),
+                    (
+                        replicator::routing::UPSTREAM_NAMESPACE_LABEL.to_owned(),
+                        upstream_namespace.to_owned(),
+                    ),
+                    (
+                        crate::rbac::KARMADA_SKIP_PROPAGATION_LABEL.to_owned(),
+                        "true".to_owned(),
+                    ),
+                ])),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        match api.create(&PostParams::default(), &ns).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// The API resource of galactic's VPCAttachment (`cloud.datumapis.com/v1alpha1`), the kind
+/// `config/components/vpcattachments` adds.
+pub fn vpc_attachment_resource() -> ApiResource {
+    ApiResource {
+        group: "cloud.datumapis.com".into(),
+        version: "v1alpha1".into(),
+        api_version: "cloud.datumapis.com/v1alpha1".into(),
+        kind: "VPCAttachment".into(),
+        plural: "vpcattachments".into(),
+    }
+}
+
+/// A VPCAttachment as galactic writes it: `labels`, on VPC `vpc`, interface `eth1` with
+/// `addresses`, realizing NetworkInterface `interface` (`spec.interfaceRef`).
+pub fn vpc_attachment(
+    namespace: &str,
+    name: &str,
+    labels: Value,
+    vpc: &str,
+    addresses: &[&str],
+    interface: &str,
+) -> Value {
+    json!({
+        "apiVersion": "cloud.datumapis.com/v1alpha1",
+        "kind": "VPCAttachment",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "vpc": {"name": vpc},
+            "interface": {"name": "eth1", "mode": "Netns", "addresses": addresses},
+            "interfaceRef": {"name": interface}
+        }
+    })
+}
+
+/// Removes what a scenario made when dropped, pass or fail: the identities it composed, its
+/// namespaces (the namespace controllers of the hub and the cells delete the sources, copies and
+/// services in them) and the hub Leases its processes elected on (in [`crate::rbac::NAMESPACE`]).
+/// Declare it before the processes: locals drop in reverse order, so they are killed first.
+pub struct Teardown {
+    kubectl: std::path::PathBuf,
+    kubeconfigs: BTreeMap<Cluster, std::path::PathBuf>,
+    namespaces: Vec<(Cluster, String)>,
+    leases: Vec<String>,
+    identities: Vec<ComposedIdentity>,
+}
+
+impl Teardown {
+    /// Nothing to remove yet.
+    pub fn new(env: &Environment) -> Teardown {
+        Teardown {
+            kubectl: env.binaries().kubectl.clone(),
+            kubeconfigs: Cluster::ALL.into_iter().map(|c| (c, env.kubeconfig_path(c))).collect(),
+            namespaces: Vec::new(),
+            leases: Vec::new(),
+            identities: Vec::new(),
+        }
+    }
+
+    /// Removes namespace `name` from each of `clusters`.
+    pub fn namespace(&mut self, clusters: &[Cluster], name: &str) {
+        self.namespaces.extend(clusters.iter().map(|c| (*c, name.to_owned())));
+    }
+
+    /// Removes hub Lease `name` (of `replicator run`: `replicator-<location>`).
+    pub fn lease(&mut self, name: &str) {
+        self.leases.push(name.to_owned());
+    }
+
+    /// Removes what `identity` applied.
+    pub fn identity(&mut self, identity: &ComposedIdentity) {
+        self.identities.push(identity.clone());
+    }
+
+    fn kubectl(&self, cluster: Cluster, args: &[&str]) {
+        let Some(kubeconfig) = self.kubeconfigs.get(&cluster) else {
+            return;
+        };
+        let status = std::process::Command::new(&self.kubectl)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        if !status.is_ok_and(|s| s.success()) {
+            eprintln!("teardown: kubectl {} in {cluster} failed", args.join(" "));
+        }
+    }
+}
+
+impl Drop for Teardown {
+    fn drop(&mut self) {
+        for identity in &self.identities {
+            identity.remove();
+        }
+        for (cluster, ns) in &self.namespaces {
+            self.kubectl(
+                *cluster,
+                &["delete", "namespace", ns, "--ignore-not-found", "--wait=false"],
+            );
+        }
+        for lease in &self.leases {
+            self.kubectl(
+                Cluster::Hub,
+                &[
+                    "-n",
+                    crate::rbac::NAMESPACE,
+                    "delete",
+                    "lease",
+                    lease,
+                    "--ignore-not-found",
+                ],
+            );
+        }
+    }
+}

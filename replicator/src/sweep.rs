@@ -237,3 +237,281 @@ pub async fn run(sync: std::sync::Arc<CellSync>, metrics: Metrics, settings: Set
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The sweep's decisions that need no cell or hub: which rules a pass may sweep (a cell
+    //! watch not listed, or failing within the last minute, and hub copies not listed, are
+    //! skipped), which copies it may even look at (none until the cell is identified), and
+    //! when an object read from the cell is still a source. The clients answer every request
+    //! with 500 and count them, so a pass that must send nothing is seen to send nothing.
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    use kube::runtime::{reflector::store::Writer, watcher};
+    use prometheus_client::registry::Registry;
+    use serde_json::json;
+
+    use super::*;
+    use crate::{
+        cluster::HubHealth,
+        health::Health,
+        rules::{Rule, default_rules},
+        sync::{self, unix_now},
+    };
+
+    /// A client whose every request fails with 500, counted in the returned counter.
+    fn counting_client() -> (kube::Client, Arc<AtomicUsize>) {
+        let sent = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&sent);
+        let service = tower::service_fn(move |_request: http::Request<kube::client::Body>| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async {
+                let body = kube::client::Body::from(
+                    br#"{"kind":"Status","apiVersion":"v1","status":"Failure","code":500}"#.to_vec(),
+                );
+                Ok::<_, std::convert::Infallible>(http::Response::builder().status(500).body(body).unwrap())
+            }
+        });
+        (kube::Client::new(service, "default"), sent)
+    }
+
+    /// A sync of location `dfw` over `rules`, leading, with counting cell and hub clients.
+    struct Fixture {
+        sync: Arc<CellSync>,
+        metrics: Metrics,
+        cell_requests: Arc<AtomicUsize>,
+        hub_requests: Arc<AtomicUsize>,
+    }
+
+    impl Fixture {
+        fn new(rules: Vec<Rule>) -> Fixture {
+            let (cell, cell_requests) = counting_client();
+            let (hub, hub_requests) = counting_client();
+            let metrics = Metrics::register(&mut Registry::default());
+            let (sync, _writers) = CellSync::new(
+                sync::Settings {
+                    location: "dfw".into(),
+                    workers: 1,
+                },
+                rules,
+                cell,
+                hub,
+                HubHealth::new(),
+                metrics.clone(),
+                Health::default(),
+            );
+            sync.set_leader(true);
+            Fixture {
+                sync,
+                metrics,
+                cell_requests,
+                hub_requests,
+            }
+        }
+
+        /// Marks every rule's caches: the cell watch `listed` and `healthy` with its last error
+        /// `error_age` ago (none when `None`), and the hub copies `copies_listed`.
+        fn caches(&self, listed: bool, healthy: bool, error_age: Option<u64>, copies_listed: bool) {
+            for state in &self.sync.rules {
+                state.sources_listed.store(listed, Ordering::Release);
+                state.sources_healthy.store(healthy, Ordering::Release);
+                let last = error_age.map_or(0, |age| unix_now().saturating_sub(age));
+                state.sources_last_error.store(last, Ordering::Release);
+                state.copies_listed.store(copies_listed, Ordering::Release);
+            }
+        }
+
+        async fn sweep(&self) -> Report {
+            let settings = Settings {
+                interval: Duration::from_secs(600),
+                max_deletes: 2,
+            };
+            sweep_once(&self.sync, &self.metrics, settings).await
+        }
+
+        fn requests(&self) -> (usize, usize) {
+            (
+                self.cell_requests.load(Ordering::SeqCst),
+                self.hub_requests.load(Ordering::SeqCst),
+            )
+        }
+    }
+
+    fn kinds(rules: &[Rule]) -> Vec<String> {
+        rules.iter().map(|r| r.resource.kind.clone()).collect()
+    }
+
+    /// A hub copy of this location of Network `ns/name` (an orphan: no source in the cache).
+    fn network_copy(ns: &str, name: &str, location: &str) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "networking.datumapis.com/v1alpha",
+            "kind": "Network",
+            "metadata": {
+                "name": format!("{name}-{location}"),
+                "namespace": ns,
+                "uid": "0b8f7e4e-1c5a-4a8e-9b0e-000000000001",
+                "labels": {crate::rules::LOCATION_LABEL: location},
+                "annotations": {
+                    copy::SOURCE_NAMESPACE_ANNOTATION: ns,
+                    copy::SOURCE_NAME_ANNOTATION: name,
+                    copy::CELL_ANNOTATION: "cell-uid"
+                }
+            },
+            "spec": {"mtu": 1460}
+        }))
+        .unwrap()
+    }
+
+    fn object(labels: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "networking.datumapis.com/v1alpha",
+            "kind": "Network",
+            "metadata": {"name": "web", "namespace": "demo", "labels": labels}
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_cell_watch_that_never_listed_is_not_swept_and_nothing_is_sent() {
+        let f = Fixture::new(default_rules());
+        f.caches(false, false, None, true);
+        let report = f.sweep().await;
+        assert_eq!(report.skipped_rules, kinds(&default_rules()));
+        assert_eq!((report.examined, report.deleted, report.kept_on_error), (0, 0, 0));
+        assert!(!report.capped && !report.interrupted);
+        assert_eq!(f.requests(), (0, 0), "a skipped rule sends nothing");
+    }
+
+    #[tokio::test]
+    async fn a_listed_watch_that_failed_within_the_last_minute_is_not_swept() {
+        let f = Fixture::new(default_rules());
+        for age in [0, 1, 30, TRUST_AFTER_ERROR.as_secs() - 2] {
+            f.caches(true, false, Some(age), true);
+            let report = f.sweep().await;
+            assert_eq!(report.skipped_rules, kinds(&default_rules()), "last error {age} s ago");
+        }
+        assert_eq!(f.requests(), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_failed_watch_quiet_for_a_minute_is_trusted_again() {
+        let f = Fixture::new(default_rules());
+        f.caches(true, false, Some(TRUST_AFTER_ERROR.as_secs() + 1), true);
+        let report = f.sweep().await;
+        assert!(report.skipped_rules.is_empty(), "{:?}", report.skipped_rules);
+        // A healthy watch is trusted whatever its last error's age.
+        f.caches(true, true, Some(0), true);
+        assert!(f.sweep().await.skipped_rules.is_empty());
+        assert_eq!(f.requests(), (0, 0), "empty caches: nothing to read or delete");
+    }
+
+    #[tokio::test]
+    async fn hub_copies_not_yet_listed_are_not_swept() {
+        let f = Fixture::new(default_rules());
+        f.caches(true, true, None, false);
+        let report = f.sweep().await;
+        assert_eq!(report.skipped_rules, kinds(&default_rules()));
+        assert_eq!(f.requests(), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn only_the_untrusted_rule_is_skipped() {
+        let f = Fixture::new(default_rules());
+        f.caches(true, true, None, true);
+        let subnets = f.sync.rules.iter().position(|s| s.rule.name == "subnets").unwrap();
+        f.sync.rules[subnets].sources_healthy.store(false, Ordering::Release);
+        f.sync.rules[subnets]
+            .sources_last_error
+            .store(unix_now(), Ordering::Release);
+        assert_eq!(f.sweep().await.skipped_rules, ["Subnet"]);
+    }
+
+    #[tokio::test]
+    async fn copies_are_left_alone_until_the_cell_is_identified() {
+        // The orphans of this location in the hub cache: without the cell's identity the sweep
+        // cannot tell its copies from another cell's, so it neither reads nor deletes.
+        let rules: Vec<Rule> = default_rules().into_iter().filter(|r| r.name == "networks").collect();
+        let mut f = Fixture::new(rules);
+        let mut copies = Writer::<Cached>::new(());
+        for name in ["a", "b", "c"] {
+            copies.apply_watcher_event(&watcher::Event::Apply(Cached::new(&network_copy("demo", name, "dfw"))));
+        }
+        Arc::get_mut(&mut f.sync).expect("the sync is not shared yet").rules[0].copies = copies.as_reader();
+        f.caches(true, true, None, true);
+        let report = f.sweep().await;
+        assert_eq!(f.sync.rules[0].copies.state().len(), 3);
+        assert_eq!((report.examined, report.deleted, report.kept_on_error), (0, 0, 0));
+        assert_eq!(f.requests(), (0, 0));
+    }
+
+    fn rule_with_selector(selector: Option<serde_json::Value>) -> Vec<Rule> {
+        let mut rule = default_rules().into_iter().find(|r| r.name == "networks").unwrap();
+        rule.source_selector = selector.map(|s| serde_json::from_value::<LabelSelector>(s).unwrap());
+        vec![rule]
+    }
+
+    #[tokio::test]
+    async fn without_a_selector_every_object_that_is_not_a_copy_is_a_source() {
+        let f = Fixture::new(rule_with_selector(None));
+        let state = &f.sync.rules[0];
+        assert!(still_a_source(state, &object(json!({}))));
+        assert!(still_a_source(state, &object(json!({"app": "web"}))));
+        assert!(!still_a_source(
+            state,
+            &object(json!({crate::rules::LOCATION_LABEL: "sjc"}))
+        ));
+        assert!(!still_a_source(
+            state,
+            &object(json!({crate::rules::LOCATION_LABEL: ""}))
+        ));
+        assert!(!still_a_source(
+            state,
+            &object(json!({crate::rules::KARMADA_MANAGED_LABEL: "true"}))
+        ));
+    }
+
+    #[tokio::test]
+    async fn with_a_selector_an_object_that_left_it_is_no_longer_a_source() {
+        let f = Fixture::new(rule_with_selector(Some(json!({
+            "matchLabels": {"galactic.datum.net/tenant-id": "t1"},
+            "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["test"]}]
+        }))));
+        let state = &f.sync.rules[0];
+        assert!(still_a_source(
+            state,
+            &object(json!({"galactic.datum.net/tenant-id": "t1"}))
+        ));
+        assert!(still_a_source(
+            state,
+            &object(json!({"galactic.datum.net/tenant-id": "t1", "tier": "prod"}))
+        ));
+        assert!(!still_a_source(state, &object(json!({}))));
+        assert!(!still_a_source(
+            state,
+            &object(json!({"galactic.datum.net/tenant-id": "t2"}))
+        ));
+        assert!(!still_a_source(
+            state,
+            &object(json!({"galactic.datum.net/tenant-id": "t1", "tier": "test"}))
+        ));
+        // Matching the selector does not make a copy Karmada delivered back into the cell a source.
+        assert!(!still_a_source(
+            state,
+            &object(json!({"galactic.datum.net/tenant-id": "t1", crate::rules::KARMADA_MANAGED_LABEL: "true"}))
+        ));
+    }
+
+    #[tokio::test]
+    async fn an_exists_selector_needs_the_key_whatever_its_value() {
+        let f = Fixture::new(rule_with_selector(Some(json!({
+            "matchExpressions": [{"key": "app", "operator": "Exists"}]
+        }))));
+        let state = &f.sync.rules[0];
+        assert!(still_a_source(state, &object(json!({"app": ""}))));
+        assert!(still_a_source(state, &object(json!({"app": "web"}))));
+        assert!(!still_a_source(state, &object(json!({"application": "web"}))));
+    }
+}
