@@ -105,7 +105,8 @@ async fn slices(hub: &kube::Client, ns: &str, service: &str) -> Vec<EndpointSlic
 async fn the_apiserver_rejects_invalid_network_services_with_clear_messages() -> TestResult {
     let env = Environment::ensure_up().await?;
     let ns = unique("cel");
-    fixtures::namespace(&env, &[HUB], &ns, true).await?;
+    let _teardown = Teardown::new(&env, &[HUB], &ns, &[]);
+    routed(&env, &[HUB], &ns).await?;
     let api = Api::<DynamicObject>::namespaced_with(env.client(HUB).await?, &ns, &fixtures::network_service_resource());
     let create = |body: Value| {
         let api = api.clone();
@@ -154,6 +155,12 @@ async fn the_apiserver_rejects_invalid_network_services_with_clear_messages() ->
             "should have at least 1 items",
         ),
         (
+            "app-protocol",
+            json!({"networkInterfaces": {"selector": {"matchLabels": {"a": "b"}}},
+            "ports": [{"name": "http", "port": 80, "appProtocol": "not a protocol"}]}),
+            "spec.ports[0].appProtocol",
+        ),
+        (
             "strategy",
             json!({"networkInterfaces": {"selector": {"matchLabels": {"a": "b"}}},
             "ports": [{"name": "http", "port": 80}], "trafficDistribution": {"strategy": "Random"}}),
@@ -176,6 +183,20 @@ async fn the_apiserver_rejects_invalid_network_services_with_clear_messages() ->
             other => panic!("{name}: expected a 422 rejection, got {other:?}"),
         }
     }
+    // A name with a dot (valid for most objects) would let slice names meet: rejected.
+    let mut dotted = valid.clone();
+    dotted["metadata"]["name"] = json!("web.v2");
+    match create(dotted).await {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 422, "{s:?}");
+            assert!(
+                s.message.contains("a NetworkService name must be a DNS label"),
+                "{:?}",
+                s.message
+            );
+        }
+        other => panic!("web.v2: expected a 422 rejection, got {other:?}"),
+    }
     Ok(())
 }
 
@@ -183,7 +204,9 @@ async fn the_apiserver_rejects_invalid_network_services_with_clear_messages() ->
 async fn membership_follows_interfaces_mirrored_from_two_cells() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, workload, loc_a, loc_b) = (unique("svc"), unique("wl"), unique("dfw"), unique("sjc"));
-    fixtures::routed_namespace(&env, &ns).await?;
+    let leases = [format!("replicator-{loc_a}"), format!("replicator-{loc_b}")];
+    let _teardown = Teardown::new(&env, &[HUB, CELL_A, CELL_B], &ns, &[&leases[0], &leases[1]]);
+    routed(&env, &[HUB, CELL_A, CELL_B], &ns).await?;
     let hub = env.client(HUB).await?;
     let _ra = start(ReplicatorSpec::new(CELL_A).location(&loc_a), &env).await;
     let _rb = start(ReplicatorSpec::new(CELL_B).location(&loc_b), &env).await;
@@ -321,7 +344,9 @@ async fn membership_follows_interfaces_mirrored_from_two_cells() -> TestResult {
 async fn shards_families_and_multiple_networks() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc) = (unique("shard"), unique("dfw"));
-    fixtures::routed_namespace(&env, &ns).await?;
+    let lease = format!("replicator-{loc}");
+    let _teardown = Teardown::new(&env, &[HUB, CELL_A], &ns, &[&lease]);
+    routed(&env, &[HUB, CELL_A], &ns).await?;
     let hub = env.client(HUB).await?;
     let _r = start(
         ReplicatorSpec::new(CELL_A).location(&loc).args(["--workers", "8"]),
@@ -346,8 +371,8 @@ async fn shards_families_and_multiple_networks() -> TestResult {
         shape,
         vec![
             ("big-http".into(), 100),
-            ("big-http-1".into(), 100),
-            ("big-http-2".into(), 50)
+            ("big.http.ipv6-1".into(), 100),
+            ("big.http.ipv6-2".into(), 50)
         ]
     );
 
@@ -390,7 +415,7 @@ async fn shards_families_and_multiple_networks() -> TestResult {
                 vec!["fd30::1".into(), "fd30::2".into()]
             ),
             (
-                "dual-http-ipv4".into(),
+                "dual.http.ipv4".into(),
                 "IPv4".into(),
                 vec!["10.30.0.1".into(), "10.30.0.2".into()]
             ),
@@ -456,30 +481,34 @@ async fn shards_families_and_multiple_networks() -> TestResult {
     Ok(())
 }
 
-/// Removes what a hub-only scenario made, even when an assertion fails: its hub namespace (the
-/// namespace controller deletes the services, interfaces and slices in it) and the membership
-/// Lease it elected on, if any. Processes are killed by their own drop.
+/// Removes what a scenario made, even when an assertion fails: its namespace in each cluster it
+/// was made in (their namespace controllers delete the services, interfaces and slices in it)
+/// and the hub Leases its processes elected on. Processes are killed by their own drop.
 struct Teardown {
     kubectl: PathBuf,
+    kubeconfigs: Vec<PathBuf>,
     hub: PathBuf,
     namespace: String,
-    lease: Option<String>,
+    leases: Vec<String>,
 }
 
 impl Teardown {
-    fn new(env: &Environment, namespace: &str, lease: Option<&str>) -> Teardown {
+    /// Removes `namespace` from each of `clusters` (made there by [`routed`], never propagated
+    /// by Karmada) and `leases` from the harness's Lease namespace on the hub.
+    fn new(env: &Environment, clusters: &[Cluster], namespace: &str, leases: &[&str]) -> Teardown {
         Teardown {
             kubectl: env.binaries().kubectl.clone(),
+            kubeconfigs: clusters.iter().map(|c| env.kubeconfig_path(*c)).collect(),
             hub: env.kubeconfig_path(HUB),
             namespace: namespace.to_owned(),
-            lease: lease.map(str::to_owned),
+            leases: leases.iter().map(|l| (*l).to_owned()).collect(),
         }
     }
 
-    fn kubectl(&self, args: &[&str]) {
+    fn kubectl(&self, kubeconfig: &PathBuf, args: &[&str]) {
         let status = std::process::Command::new(&self.kubectl)
             .arg("--kubeconfig")
-            .arg(&self.hub)
+            .arg(kubeconfig)
             .args(args)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -492,17 +521,32 @@ impl Teardown {
 
 impl Drop for Teardown {
     fn drop(&mut self) {
-        self.kubectl(&[
-            "delete",
-            "namespace",
-            &self.namespace,
-            "--ignore-not-found",
-            "--wait=false",
-        ]);
-        if let Some(lease) = &self.lease {
-            self.kubectl(&["-n", rbac::NAMESPACE, "delete", "lease", lease, "--ignore-not-found"]);
+        for kubeconfig in &self.kubeconfigs {
+            self.kubectl(
+                kubeconfig,
+                &[
+                    "delete",
+                    "namespace",
+                    &self.namespace,
+                    "--ignore-not-found",
+                    "--wait=false",
+                ],
+            );
+        }
+        for lease in &self.leases {
+            self.kubectl(
+                &self.hub,
+                &["-n", rbac::NAMESPACE, "delete", "lease", lease, "--ignore-not-found"],
+            );
         }
     }
+}
+
+/// Creates namespace `ns` in `clusters` with the project-routing labels, kept from Karmada's
+/// namespace propagation (edge-1 has no namespace controller to remove a propagated one again).
+async fn routed(env: &Environment, clusters: &[Cluster], ns: &str) -> TestResult {
+    fixtures::namespace_routed_to(env, clusters, ns, fixtures::UPSTREAM_CLUSTER, "default").await?;
+    Ok(())
 }
 
 /// Writes a Bound NetworkInterface copy straight onto the hub (what `replicator run` would
@@ -617,8 +661,8 @@ async fn events(hub: &kube::Client, ns: &str, service: &str, reason: &str) -> Ve
 async fn slices_always_resolve_never_collide_and_never_overwrite() -> TestResult {
     let env = Environment::ensure_up().await?;
     let ns = unique("slices");
-    let _teardown = Teardown::new(&env, &ns, None);
-    fixtures::namespace(&env, &[HUB], &ns, true).await?;
+    let _teardown = Teardown::new(&env, &[HUB], &ns, &[]);
+    routed(&env, &[HUB], &ns).await?;
     let hub = env.client(HUB).await?;
     let m = start(ReplicatorSpec::membership(), &env).await;
     let svc = fixtures::network_service_resource();
@@ -1013,8 +1057,8 @@ async fn a_killed_membership_leader_is_replaced_and_the_status_keeps_converging(
     let env = Environment::ensure_up().await?;
     let ns = unique("elect");
     let lease = unique("e2e-membership");
-    let _teardown = Teardown::new(&env, &ns, Some(&lease));
-    fixtures::namespace(&env, &[HUB], &ns, true).await?;
+    let _teardown = Teardown::new(&env, &[HUB], &ns, &[&lease]);
+    routed(&env, &[HUB], &ns).await?;
     let hub = env.client(HUB).await?;
     let loc = "dfw";
     let duration = Duration::from_secs(4);
