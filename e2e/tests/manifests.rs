@@ -1628,13 +1628,17 @@ async fn replicator_runs_with_the_rendered_arguments_and_only_the_rendered_rbac(
     .await?;
 
     // Membership: status apply, slices created through apply and deleted when unwanted, Events.
+    // It elects on its Lease in the namespace of the rendered Lease Role, as its identity.
     let membership = Running::start(
         &env,
         &format!("manifests-{ns}-membership"),
         &membership_args,
         "",
         &membership_kc,
-        &[],
+        &[
+            format!("--lease-namespace={ns}"),
+            format!("--identity=manifests-{ns}-membership"),
+        ],
     )
     .await;
     let services = fixtures::network_service_resource();
