@@ -4,9 +4,15 @@
 //! controller owns and namespaces; they only queue service keys. An interface change queues only
 //! the services whose selector reaches it, before or after the change; a service, slice or
 //! namespace change queues the services concerned. A worker resolves one service with the pure
-//! [`rollup`] and [`endpoints`] transforms, writes the status only when it changed, applies the
-//! slices whose content differs and deletes shards no longer wanted. Events mark condition
-//! transitions; per-service gauges count members and healthy members.
+//! [`rollup`] and [`endpoints`] transforms, applies the slices whose content differs (never one
+//! whose name is held by a slice that is not the service's: [`endpoints::ownership`]), deletes
+//! shards no longer wanted, then writes the status if it changed, whatever the slices did.
+//! Events mark condition transitions; per-service gauges count members, healthy members, taken
+//! and refused slices.
+//!
+//! Every replica runs the reflectors and the queue; only the holder of the hub Lease
+//! ([`LEASE`], elected with [`crate::election::run_on`]) runs passes, so a standby takes over
+//! with warm caches. Becoming leader queues every service once.
 
 pub mod endpoints;
 pub mod rollup;
