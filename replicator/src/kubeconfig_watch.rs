@@ -173,6 +173,38 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_new_token_beside_the_kubeconfig_is_no_change() {
+        // One Secret with two keys, `kubeconfig` (naming `tokenFile: token`) and `token`, as
+        // the kubelet mounts it: each version directory holds both files.
+        let dir = TempDir::new("token");
+        let publish = |version: &str, kubeconfig: &str, token: &str| {
+            let versioned = dir.0.join(format!("..{version}"));
+            std::fs::create_dir_all(&versioned).unwrap();
+            std::fs::write(versioned.join("token"), token).unwrap();
+            kubelet_publish(&dir.0, version, kubeconfig);
+        };
+        publish("2025_01_01_00_00_00.1", V1, "old-token");
+        let path = dir.0.join("kubeconfig");
+        let loaded = read(&path).await.unwrap();
+
+        // The token rotated: the kubeconfig's bytes are the same, the process keeps running
+        // (the client re-reads the token file itself).
+        publish("2025_01_01_00_01_00.2", V1, "new-token");
+        assert_eq!(
+            std::fs::read_to_string(dir.0.join("..data/token")).unwrap(),
+            "new-token"
+        );
+        assert!(
+            !changed(loaded, read(&path).await),
+            "a token-only rotation is no change"
+        );
+
+        // The kubeconfig itself changed (another server): that is a change.
+        publish("2025_01_01_00_02_00.3", V2, "new-token");
+        assert!(changed(loaded, read(&path).await));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_watch_fires_on_new_content_only() {
         let dir = TempDir::new("watch");
