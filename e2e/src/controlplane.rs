@@ -269,6 +269,12 @@ impl Environment {
         logs_dir(&self.dir)
     }
 
+    /// The hub apiserver's audit log: JSON lines, one `audit.k8s.io/v1` Event per write
+    /// (metadata level); reads are not logged.
+    pub fn hub_audit_log(&self) -> PathBuf {
+        audit_log_path(&self.dir)
+    }
+
     /// `https://127.0.0.1:<port>` of a cluster's apiserver.
     pub fn server_url(&self, cluster: Cluster) -> String {
         format!("https://127.0.0.1:{}", self.ports.apiserver(cluster))
@@ -413,6 +419,14 @@ impl Environment {
         let process = match running {
             Some(process) => process,
             None => {
+                if cluster == Cluster::Hub {
+                    // Written at every start: an environment started before the hub was audited
+                    // gets its policy on the first restart of the hub.
+                    std::fs::write(audit_policy_path(&self.dir), AUDIT_POLICY).map_err(io_context(format!(
+                        "writing {}",
+                        audit_policy_path(&self.dir).display()
+                    )))?;
+                }
                 let port = self.ports.apiserver(cluster);
                 if !port_refuses(port).await {
                     return Err(Error::PortInUse {
@@ -830,6 +844,13 @@ impl Environment {
                 flag("--requestheader-username-headers", "X-Remote-User"),
                 flag("--requestheader-group-headers", "X-Remote-Group"),
                 flag("--requestheader-extra-headers-prefix", "X-Remote-Extra-"),
+                // Who wrote what on the hub (metadata only, writes only): the security checks
+                // count each replicator identity's writes from it (crate::audit).
+                flag("--audit-policy-file", audit_policy_path(&self.dir)),
+                flag("--audit-log-path", audit_log_path(&self.dir)),
+                flag("--audit-log-format", "json"),
+                flag("--audit-log-maxsize", "200"),
+                flag("--audit-log-maxbackup", "1"),
             ]);
         } else {
             // One compactor for the shared etcd is enough.
@@ -1141,6 +1162,27 @@ fn wipe_except_lock(dir: &Path) -> Result<()> {
 
 fn logs_dir(dir: &Path) -> PathBuf {
     dir.join("logs")
+}
+
+/// The hub apiserver's audit policy: every write (create, update, patch, delete,
+/// deletecollection) at `Metadata` level, who and what without bodies; reads are not logged.
+const AUDIT_POLICY: &str = "\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: None
+  verbs: [get, list, watch]
+- level: Metadata
+";
+
+fn audit_policy_path(dir: &Path) -> PathBuf {
+    dir.join("pki").join("hub-audit-policy.yaml")
+}
+
+/// The hub apiserver's audit log (JSON lines, one event per request; see [`crate::audit`]).
+pub fn audit_log_path(dir: &Path) -> PathBuf {
+    logs_dir(dir).join("hub-audit.log")
 }
 
 /// Writes a file readable only by its owner (kubeconfigs hold tokens).

@@ -889,6 +889,18 @@ impl Teardown {
                 }
             }
         }
+        // The membership Lease of a deployed config/hub (bare processes elect in their own namespace).
+        if !self.applied.is_empty() {
+            let leases = Api::<Lease>::namespaced(hub.clone(), SYSTEM_NAMESPACE);
+            match leases
+                .delete(replicator::membership::LEASE, &DeleteParams::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         Ok(())
     }
 }

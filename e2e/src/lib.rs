@@ -17,6 +17,7 @@
 //! # }
 //! ```
 
+pub mod audit;
 pub mod bench;
 pub mod binaries;
 pub mod cluster;

@@ -993,7 +993,7 @@ async fn readme_deploy_both_cells_and_membership() -> TestResult {
         );
     }
     let membership_pods =
-        deploy::wait_pods_ready(&env.client(CELL_B).await?, MEMBERSHIP_SELECTOR, 1, PODS_READY).await?;
+        deploy::wait_pods_ready(&env.client(CELL_B).await?, MEMBERSHIP_SELECTOR, 2, PODS_READY).await?;
     eprintln!(
         "deployed and Ready in {:.1}s (membership pod {})",
         secs(started.elapsed()),

@@ -179,7 +179,10 @@ fn discovered_kustomizations() -> BTreeSet<String> {
                 walk(&path, root, found);
             } else if path.file_name().is_some_and(|n| {
                 ["kustomization.yaml", "kustomization.yml", "Kustomization"].contains(&&*n.to_string_lossy())
-            }) {
+            }) && !std::fs::read_to_string(&path).unwrap().contains("\nkind: Component\n")
+            {
+                // A kustomize Component renders only composed onto a base: e2e/tests/kinds.rs
+                // applies config/components/* that way.
                 let rel = path.parent().unwrap().strip_prefix(root).unwrap();
                 found.insert(rel.to_string_lossy().into_owned());
             }

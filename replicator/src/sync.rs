@@ -439,6 +439,8 @@ impl CellSync {
             location: settings.location.clone(),
         };
         let queue = Arc::new(WorkQueue::with_depth(metrics.queue_depth.get_or_create(&depth).clone()));
+        // Exported from the start: 0 until another cell's copy is seen under this location.
+        metrics.location_conflict.get_or_create(&depth).set(0);
         let this = Self {
             field_manager: format!("replicator-{}", settings.location),
             settings,

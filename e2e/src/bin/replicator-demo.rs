@@ -392,7 +392,7 @@ async fn deploy_as_pods(env: &Environment, cells: &[(Cluster, &'static str)]) ->
     for (cell, _) in cells {
         deploy::wait_pods_ready(&env.client(*cell).await?, deploy::CELL_SELECTOR, 2, POD_READY).await?;
     }
-    deploy::wait_pods_ready(&env.client(CELL_B).await?, deploy::MEMBERSHIP_SELECTOR, 1, POD_READY).await?;
+    deploy::wait_pods_ready(&env.client(CELL_B).await?, deploy::MEMBERSHIP_SELECTOR, 2, POD_READY).await?;
     Ok(Deployed {
         applied,
         cells: cells.to_vec(),
