@@ -1364,6 +1364,7 @@ fn registered_names() -> BTreeSet<String> {
     m.sweep_deleted.get_or_create(&kind).inc();
     m.withdrawn.get_or_create(&kind).inc();
     m.cell_up.get_or_create(&location).set(1);
+    m.location_conflict.get_or_create(&location).set(0);
     m.writes
         .get_or_create(&WriteLabels {
             kind: "Network".into(),
