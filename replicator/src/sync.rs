@@ -569,20 +569,16 @@ impl CellSync {
     }
 
     /// Records whether hub copy `copy` of rule `state` is another cell's (see
-    /// [`CellSync::update_claim`]).
-    fn note_foreign(&self, state: &RuleState, copy: &DynamicObject, present: bool) {
+    /// [`CellSync::update_claim`]); returns whether that changed the record.
+    fn note_foreign(&self, state: &RuleState, copy: &DynamicObject, present: bool) -> bool {
         let id = (copy.namespace().unwrap_or_default(), copy.name_any());
         let other = copy::publishing_cell(copy)
             .filter(|cell| present && Some(*cell) != self.cell_id())
             .map(str::to_owned);
         let mut foreign = lock(&state.foreign);
         match other {
-            Some(cell) => {
-                foreign.insert(id, cell);
-            }
-            None => {
-                foreign.remove(&id);
-            }
+            Some(cell) => foreign.insert(id, cell.clone()).as_ref() != Some(&cell),
+            None => foreign.remove(&id).is_some(),
         }
     }
 
@@ -923,8 +919,11 @@ impl CellSync {
                             self.bump_readiness();
                         }
                         Event::Apply(o) => {
-                            self.note_foreign(state, o, true);
-                            self.update_claim().await;
+                            // Only a change of the record is worth a look at the claim: this runs
+                            // for every copy event.
+                            if self.note_foreign(state, o, true) {
+                                self.update_claim().await;
+                            }
                             // Our own write coming back needs no second pass; any other change
                             // (an edit, Karmada's labels) is checked against the source.
                             if let Some(key) = self.source_key_of_copy(i, o)
@@ -934,8 +933,9 @@ impl CellSync {
                             }
                         }
                         Event::Delete(o) => {
-                            self.note_foreign(state, o, false);
-                            self.update_claim().await;
+                            if self.note_foreign(state, o, false) {
+                                self.update_claim().await;
+                            }
                             lock(&self.echoes).forget(&(i, o.namespace().unwrap_or_default(), o.name_any()));
                             // A copy whose source is gone from the cell cache was withdrawn (by us,
                             // or its withdraw is queued): a pass would find nothing to do. Only a
