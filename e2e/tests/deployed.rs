@@ -794,7 +794,7 @@ async fn leader_pod_deleted_under_churn() -> TestResult {
         LEASE_DURATION.as_secs(),
         ticks.load(Ordering::Relaxed)
     );
-    assert!(took_over.identity.starts_with(&format!("{standby}_")));
+    assert_eq!(took_over.identity, standby, "a replica's identity is its pod name");
     assert_nothing_lost(&run, &recorder).await?;
     let holder = deploy::lease_holder(&run.hub, &location).await?.context("no holder")?;
     assert_eq!(holder.identity, took_over.identity, "the standby kept leading");
