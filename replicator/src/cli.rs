@@ -106,10 +106,27 @@ pub struct RunArgs {
     /// one Lease each). Replaces --location and --cell-kubeconfig.
     #[arg(long = "cell", id = "cells", value_name = "LOCATION=KUBECONFIG", value_parser = parse_cell)]
     pub cells: Vec<CellArg>,
-    /// Kubeconfig of the hub (required). While the file is missing or empty the process waits
-    /// and reports not-ready.
-    #[arg(long, env = "REPLICATOR_HUB_KUBECONFIG")]
-    pub hub_kubeconfig: PathBuf,
+    /// The hub kubeconfig of one `--cell`, as LOCATION=KUBECONFIG (repeat): a credential of that
+    /// location's hub identity, service account `replicator-<location>`, which the hub's
+    /// admission policy confines to the location's copies and Lease (config/rbac/hub). A cell
+    /// without one uses --hub-kubeconfig. Cells sharing a file share one hub client.
+    #[arg(
+        long = "cell-hub-kubeconfig",
+        id = "cell_hub_kubeconfigs",
+        value_name = "LOCATION=KUBECONFIG",
+        value_parser = parse_cell_hub,
+        conflicts_with = "location"
+    )]
+    pub cell_hub_kubeconfigs: Vec<CellArg>,
+    /// Kubeconfig of the hub: a credential of `replicator-<location>` (required unless every
+    /// `--cell` has its --cell-hub-kubeconfig). While the file is missing or empty the process
+    /// waits and reports not-ready.
+    #[arg(
+        long,
+        env = "REPLICATOR_HUB_KUBECONFIG",
+        required_unless_present = "cell_hub_kubeconfigs"
+    )]
+    pub hub_kubeconfig: Option<PathBuf>,
     /// Exit (status 0) once the content of --hub-kubeconfig differs from what the hub client was
     /// built from (read every 5 s; a missing or empty file is not a change), after the usual
     /// graceful shutdown (a leader releases its Lease, writes in flight finish): in a pod the
@@ -161,7 +178,7 @@ pub struct RunArgs {
     pub log: LogArgs,
 }
 
-/// One `--cell LOCATION=KUBECONFIG`.
+/// One `--cell LOCATION=KUBECONFIG` or `--cell-hub-kubeconfig LOCATION=KUBECONFIG`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CellArg {
     /// The cell's location (a DNS label).
@@ -170,17 +187,36 @@ pub struct CellArg {
     pub kubeconfig: PathBuf,
 }
 
-/// Checks a location: a DNS label (the copy name suffix and a label value).
-///
-/// # Errors
-/// A message saying what a DNS label is.
-pub fn parse_location(s: &str) -> Result<String, String> {
-    if rules::is_dns_label(s) {
-        Ok(s.to_owned())
-    } else {
-        Err(format!(
+/// The location no cell may take: its hub identity would be `replicator-membership`, the
+/// membership controller's account, which the hub's admission policy treats as such
+/// (config/rbac/hub/admission_policy.yaml).
+pub const RESERVED_LOCATION: &str = "membership";
+
+/// Why `s` cannot be a location, if it cannot: a location is a DNS label (the copy name suffix,
+/// a label value and the suffix of the hub identity `replicator-<location>`), other than
+/// [`RESERVED_LOCATION`].
+pub fn location_problem(s: &str) -> Option<String> {
+    if !rules::is_dns_label(s) {
+        Some(format!(
             "{s:?} is not a DNS label (lowercase letters, digits, '-', at most 63)"
         ))
+    } else if s == RESERVED_LOCATION {
+        Some(format!(
+            "{s:?} is reserved: its hub identity replicator-{s} is the membership controller's"
+        ))
+    } else {
+        None
+    }
+}
+
+/// Checks a location (see [`location_problem`]).
+///
+/// # Errors
+/// A message saying what a location is.
+pub fn parse_location(s: &str) -> Result<String, String> {
+    match location_problem(s) {
+        None => Ok(s.to_owned()),
+        Some(problem) => Err(problem),
     }
 }
 
@@ -189,16 +225,26 @@ pub fn parse_location(s: &str) -> Result<String, String> {
 /// # Errors
 /// A message when the `=` is missing, the location is not a DNS label or the path is empty.
 pub fn parse_cell(s: &str) -> Result<CellArg, String> {
+    parse_location_path("--cell", s)
+}
+
+/// Parses `LOCATION=KUBECONFIG` of `--cell-hub-kubeconfig`.
+///
+/// # Errors
+/// As [`parse_cell`].
+pub fn parse_cell_hub(s: &str) -> Result<CellArg, String> {
+    parse_location_path("--cell-hub-kubeconfig", s)
+}
+
+fn parse_location_path(flag: &str, s: &str) -> Result<CellArg, String> {
     let (location, path) = s
         .split_once('=')
-        .ok_or_else(|| format!("--cell {s:?} must be LOCATION=KUBECONFIG"))?;
-    if !rules::is_dns_label(location) {
-        return Err(format!(
-            "--cell {s:?}: location {location:?} must be a DNS label (lowercase letters, digits, '-', at most 63)"
-        ));
+        .ok_or_else(|| format!("{flag} {s:?} must be LOCATION=KUBECONFIG"))?;
+    if let Some(problem) = location_problem(location) {
+        return Err(format!("{flag} {s:?}: location {problem}"));
     }
     if path.is_empty() {
-        return Err(format!("--cell {s:?}: the kubeconfig path is empty"));
+        return Err(format!("{flag} {s:?}: the kubeconfig path is empty"));
     }
     Ok(CellArg {
         location: location.to_owned(),
@@ -228,14 +274,29 @@ pub fn parse_withdraw(s: &str) -> Result<(Option<String>, Duration), String> {
     Ok((location, d))
 }
 
+/// One cell a `replicator run` process serves, as its flags give it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CellPlan {
+    /// The location (a DNS label, not [`RESERVED_LOCATION`]).
+    pub location: String,
+    /// The cell's kubeconfig; `None`: the in-cluster service account.
+    pub cell_kubeconfig: Option<PathBuf>,
+    /// The hub kubeconfig of the location's identity: its `--cell-hub-kubeconfig`, else
+    /// `--hub-kubeconfig`.
+    pub hub_kubeconfig: PathBuf,
+    /// What happens to the copies while the cell is unreachable.
+    pub outage: outage::Policy,
+}
+
 /// The cells of `args`: `--cell` entries, or the single `--location` (with `--cell-kubeconfig`,
-/// `None` meaning in-cluster).
+/// `None` meaning in-cluster), each with its hub kubeconfig and outage policy.
 ///
 /// # Errors
-/// A location that is not a DNS label or is given twice; a `--withdraw-unreachable-after` naming
-/// a location that is not served.
-pub fn cells(args: &RunArgs) -> anyhow::Result<Vec<(String, Option<PathBuf>, outage::Policy)>> {
-    let mut cells: Vec<(String, Option<PathBuf>)> = match &args.location {
+/// A location that is not a location ([`location_problem`]) or is given twice; a
+/// `--withdraw-unreachable-after` or `--cell-hub-kubeconfig` naming a location that is not
+/// served, or given twice; a cell left without a hub kubeconfig.
+pub fn cells(args: &RunArgs) -> anyhow::Result<Vec<CellPlan>> {
+    let cells: Vec<(String, Option<PathBuf>)> = match &args.location {
         Some(location) => vec![(location.clone(), args.cell_kubeconfig.clone())],
         None => args
             .cells
@@ -245,8 +306,8 @@ pub fn cells(args: &RunArgs) -> anyhow::Result<Vec<(String, Option<PathBuf>, out
     };
     let mut seen = std::collections::BTreeSet::new();
     for (location, _) in &cells {
-        if !rules::is_dns_label(location) {
-            anyhow::bail!("--location {location:?} must be a DNS label (lowercase letters, digits, '-', at most 63)");
+        if let Some(problem) = location_problem(location) {
+            anyhow::bail!("--location {problem}");
         }
         if !seen.insert(location.clone()) {
             anyhow::bail!("location {location:?} is given twice: each location is one cell");
@@ -257,6 +318,18 @@ pub fn cells(args: &RunArgs) -> anyhow::Result<Vec<(String, Option<PathBuf>, out
             && !seen.contains(l)
         {
             anyhow::bail!("--withdraw-unreachable-after names {l:?}, which this process does not serve");
+        }
+    }
+    let mut hubs = std::collections::BTreeMap::new();
+    for hub in &args.cell_hub_kubeconfigs {
+        if !seen.contains(&hub.location) {
+            anyhow::bail!(
+                "--cell-hub-kubeconfig names {:?}, which this process does not serve",
+                hub.location
+            );
+        }
+        if hubs.insert(hub.location.clone(), hub.kubeconfig.clone()).is_some() {
+            anyhow::bail!("--cell-hub-kubeconfig gives {:?} twice", hub.location);
         }
     }
     let policy = |location: &str| {
@@ -270,13 +343,23 @@ pub fn cells(args: &RunArgs) -> anyhow::Result<Vec<(String, Option<PathBuf>, out
             .or(general)
             .map_or(outage::Policy::Keep, |(_, d)| outage::Policy::WithdrawAfter(*d))
     };
-    Ok(cells
-        .drain(..)
-        .map(|(location, path)| {
-            let p = policy(&location);
-            (location, path, p)
+    cells
+        .into_iter()
+        .map(|(location, cell_kubeconfig)| {
+            let hub_kubeconfig = hubs
+                .remove(&location)
+                .or_else(|| args.hub_kubeconfig.clone())
+                .ok_or_else(|| {
+                    anyhow::anyhow!("cell {location:?} has no hub kubeconfig: give --cell-hub-kubeconfig {location}=PATH or --hub-kubeconfig")
+                })?;
+            Ok(CellPlan {
+                outage: policy(&location),
+                location,
+                cell_kubeconfig,
+                hub_kubeconfig,
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// Parses a duration as `humantime` does (`90s`, `1m30s`, `10m`, `1h`, `500ms`, `2days`,
@@ -411,8 +494,9 @@ impl Outcome {
 }
 
 /// Runs `replicator run` until SIGTERM or SIGINT: for each cell, reflectors, queue and writers
-/// (gated by the location's Lease), the sweep and the reachability probe; shared: the hub client,
-/// its health prober, metrics and probes.
+/// (gated by the location's Lease), the sweep and the reachability probe; per hub kubeconfig
+/// (one, or one per location with `--cell-hub-kubeconfig`): the hub client, its health prober
+/// and the kubeconfig watch; shared: metrics and probes.
 ///
 /// # Errors
 /// Invalid flags or rules, a cell client that cannot be built, or an unbindable address.
@@ -430,66 +514,150 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let metrics = Metrics::register(&mut registry);
     let registry = Arc::new(registry);
     let health = Health::default();
-    let locations: Vec<LocationLabels> = cells
-        .iter()
-        .map(|(location, _, _)| LocationLabels {
-            location: location.clone(),
-        })
-        .collect();
-    health.set(
-        "hub",
-        format!("waiting for hub kubeconfig {}", args.hub_kubeconfig.display()),
-    );
-    for labels in &locations {
-        metrics.hub_up.get_or_create(labels).set(0);
-        metrics.leader.get_or_create(labels).set(0);
+    let mut groups: Vec<HubGroup> = Vec::new();
+    for cell in cells {
+        metrics
+            .hub_up
+            .get_or_create(&LocationLabels {
+                location: cell.location.clone(),
+            })
+            .set(0);
+        metrics
+            .leader
+            .get_or_create(&LocationLabels {
+                location: cell.location.clone(),
+            })
+            .set(0);
+        let client = cluster::cell_client(cell.cell_kubeconfig.as_deref())
+            .await
+            .map_err(|err| anyhow::anyhow!("cell {}: {err}", cell.location))?;
+        match groups.iter_mut().find(|g| g.kubeconfig == cell.hub_kubeconfig) {
+            Some(group) => group.cells.push((cell.location, client, cell.outage)),
+            None => groups.push(HubGroup {
+                kubeconfig: cell.hub_kubeconfig,
+                cells: vec![(cell.location, client, cell.outage)],
+            }),
+        }
+    }
+    let single = groups.len() == 1;
+    for group in &groups {
+        health.set(
+            &group.health_key(single),
+            format!("waiting for hub kubeconfig {}", group.kubeconfig.display()),
+        );
     }
 
     let mut servers = http::spawn(&args.serve, registry, health.clone(), &cancel);
-
-    let mut clients = Vec::new();
-    for (location, path, policy) in cells {
-        let client = cluster::cell_client(path.as_deref())
-            .await
-            .map_err(|err| anyhow::anyhow!("cell {location}: {err}"))?;
-        clients.push((location, client, policy));
+    let args = Arc::new(args);
+    let identity = args.identity.clone().unwrap_or_else(election::default_identity);
+    let mut tasks = tokio::task::JoinSet::new();
+    for group in groups {
+        let key = group.health_key(single);
+        tasks.spawn(serve_hub(
+            group,
+            key,
+            Arc::clone(&args),
+            identity.clone(),
+            rules.clone(),
+            metrics.clone(),
+            health.clone(),
+            cancel.clone(),
+        ));
     }
-    let hub = cluster::wait_for_hub_client(&args.hub_kubeconfig, Duration::from_secs(2), &cancel, &health).await;
+
+    let mut result = Ok(());
+    tokio::select! {
+        () = cancel.cancelled() => {}
+        Some(served) = servers.join_next() => {
+            if let Ok(Err(err)) = served {
+                result = Err(err.into());
+            }
+            cancel.cancel();
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+    while servers.join_next().await.is_some() {}
+    tracing::info!("stopped");
+    result
+}
+
+/// The cells that reach the hub through one hub kubeconfig.
+struct HubGroup {
+    kubeconfig: PathBuf,
+    cells: Vec<(String, kube::Client, outage::Policy)>,
+}
+
+impl HubGroup {
+    /// Its component in readiness: `hub` when the process has one hub kubeconfig, else
+    /// `hub <locations>`.
+    fn health_key(&self, single: bool) -> String {
+        if single {
+            "hub".to_owned()
+        } else {
+            let locations: Vec<&str> = self.cells.iter().map(|(l, _, _)| l.as_str()).collect();
+            format!("hub {}", locations.join(","))
+        }
+    }
+}
+
+/// Serves the cells of `group` once its hub kubeconfig yields a client: the hub health prober
+/// and kubeconfig watch of that kubeconfig, then for each cell its election, sync, outage
+/// policy and sweep. Returns when `cancel` fires (or at once if it fires before the hub
+/// kubeconfig is usable).
+#[allow(clippy::too_many_arguments)]
+async fn serve_hub(
+    group: HubGroup,
+    key: String,
+    args: Arc<RunArgs>,
+    identity: String,
+    rules: Vec<rules::Rule>,
+    metrics: Metrics,
+    health: Health,
+    cancel: CancellationToken,
+) {
+    let hub = cluster::wait_for_hub_client(&group.kubeconfig, Duration::from_secs(2), &cancel, &health, &key).await;
     let Some(cluster::Hub {
         client: hub,
         server,
         kubeconfig,
     }) = hub
     else {
-        return Ok(());
+        return;
     };
-    health.set("hub", format!("connecting to {server}"));
-    let identity = args.identity.clone().unwrap_or_else(election::default_identity);
+    health.set(&key, format!("connecting to {server}"));
     tracing::info!(
-        locations = ?clients.iter().map(|(l, _, _)| l.as_str()).collect::<Vec<_>>(),
+        locations = ?group.cells.iter().map(|(l, _, _)| l.as_str()).collect::<Vec<_>>(),
         rules = rules.len(),
         leader_elect = args.leader_elect,
         identity = %identity,
         server = %server,
+        kubeconfig = %group.kubeconfig.display(),
         "hub kubeconfig loaded; starting"
     );
-
+    let locations: Vec<LocationLabels> = group
+        .cells
+        .iter()
+        .map(|(location, _, _)| LocationLabels {
+            location: location.clone(),
+        })
+        .collect();
     let hub_health = HubHealth::new();
     let mut tasks = tokio::task::JoinSet::new();
     if args.exit_on_kubeconfig_change {
         tasks.spawn(kubeconfig_watch::exit_on_change(
-            args.hub_kubeconfig.clone(),
+            group.kubeconfig.clone(),
             kubeconfig,
             cancel.clone(),
         ));
     }
     {
-        let (hub_health, hub, cancel, health, metrics) = (
+        let (hub_health, hub, cancel, health, metrics, key) = (
             hub_health.clone(),
             hub.clone(),
             cancel.clone(),
             health.clone(),
             metrics.clone(),
+            key.clone(),
         );
         tasks.spawn(async move {
             let shown = server.clone();
@@ -499,14 +667,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                         metrics.hub_up.get_or_create(labels).set(i64::from(state.answers()));
                     }
                     match state.problem(&shown) {
-                        None => health.clear("hub"),
-                        Some(problem) => health.set("hub", problem),
+                        None => health.clear(&key),
+                        Some(problem) => health.set(&key, problem),
                     }
                 })
                 .await;
         });
     }
-    for (location, cell, policy) in clients {
+    for (location, cell, policy) in group.cells {
         let settings = Settings {
             location: location.clone(),
             workers: args.workers,
@@ -551,21 +719,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             cancel.clone(),
         ));
     }
-
-    let mut result = Ok(());
-    tokio::select! {
-        () = cancel.cancelled() => {}
-        Some(served) = servers.join_next() => {
-            if let Ok(Err(err)) = served {
-                result = Err(err.into());
-            }
-            cancel.cancel();
-        }
-    }
     while tasks.join_next().await.is_some() {}
-    while servers.join_next().await.is_some() {}
-    tracing::info!("stopped");
-    result
 }
 
 /// Takes part in the election of `location` while no other cell publishes it: a replica that
@@ -682,7 +836,15 @@ mod tests {
     #[test]
     fn one_cell_or_many() -> anyhow::Result<()> {
         let single = run_args(&["--location", "dfw"])?;
-        assert_eq!(cells(&single)?, vec![("dfw".to_owned(), None, outage::Policy::Keep)]);
+        assert_eq!(
+            cells(&single)?,
+            vec![CellPlan {
+                location: "dfw".to_owned(),
+                cell_kubeconfig: None,
+                hub_kubeconfig: PathBuf::from("/hub"),
+                outage: outage::Policy::Keep
+            }]
+        );
         assert!(single.leader_elect, "leader election is on by default");
 
         let many = run_args(&[
@@ -700,19 +862,124 @@ mod tests {
         assert_eq!(
             cells(&many)?,
             vec![
-                (
-                    "dfw".to_owned(),
-                    Some(PathBuf::from("/k/a")),
-                    outage::Policy::WithdrawAfter(Duration::from_secs(600))
-                ),
-                (
-                    "sjc".to_owned(),
-                    Some(PathBuf::from("/k/b")),
-                    outage::Policy::WithdrawAfter(Duration::from_secs(30))
-                ),
+                CellPlan {
+                    location: "dfw".to_owned(),
+                    cell_kubeconfig: Some(PathBuf::from("/k/a")),
+                    hub_kubeconfig: PathBuf::from("/hub"),
+                    outage: outage::Policy::WithdrawAfter(Duration::from_secs(600))
+                },
+                CellPlan {
+                    location: "sjc".to_owned(),
+                    cell_kubeconfig: Some(PathBuf::from("/k/b")),
+                    hub_kubeconfig: PathBuf::from("/hub"),
+                    outage: outage::Policy::WithdrawAfter(Duration::from_secs(30))
+                },
             ]
         );
         Ok(())
+    }
+
+    /// Issue #18: each location writes to the hub as its own identity, so a process serving
+    /// several cells takes a hub kubeconfig per location.
+    #[test]
+    fn each_cell_may_have_its_own_hub_kubeconfig() -> anyhow::Result<()> {
+        let parse = |argv: &[&str]| -> Result<RunArgs, clap::Error> {
+            match Cli::try_parse_from(["replicator", "run"].iter().chain(argv))?.command {
+                Command::Run(args) => Ok(*args),
+                _ => unreachable!("parsed run"),
+            }
+        };
+        let own = parse(&[
+            "--cell",
+            "dfw=/k/a",
+            "--cell",
+            "sjc=/k/b",
+            "--cell-hub-kubeconfig",
+            "dfw=/hub/dfw",
+            "--cell-hub-kubeconfig",
+            "sjc=/hub/sjc",
+        ])?;
+        let hubs: Vec<(String, PathBuf)> = cells(&own)?
+            .into_iter()
+            .map(|c| (c.location, c.hub_kubeconfig))
+            .collect();
+        assert_eq!(
+            hubs,
+            vec![
+                ("dfw".to_owned(), PathBuf::from("/hub/dfw")),
+                ("sjc".to_owned(), PathBuf::from("/hub/sjc"))
+            ]
+        );
+        let fallback = parse(&[
+            "--cell",
+            "dfw=/k/a",
+            "--cell",
+            "sjc=/k/b",
+            "--cell-hub-kubeconfig",
+            "dfw=/hub/dfw",
+            "--hub-kubeconfig",
+            "/hub/shared",
+        ])?;
+        let hubs: Vec<PathBuf> = cells(&fallback)?.into_iter().map(|c| c.hub_kubeconfig).collect();
+        assert_eq!(hubs, vec![PathBuf::from("/hub/dfw"), PathBuf::from("/hub/shared")]);
+
+        let missing = parse(&[
+            "--cell",
+            "dfw=/k/a",
+            "--cell",
+            "sjc=/k/b",
+            "--cell-hub-kubeconfig",
+            "dfw=/h",
+        ])?;
+        assert_eq!(
+            cells(&missing).unwrap_err().to_string(),
+            "cell \"sjc\" has no hub kubeconfig: give --cell-hub-kubeconfig sjc=PATH or --hub-kubeconfig"
+        );
+        let stray = parse(&["--cell", "dfw=/k/a", "--cell-hub-kubeconfig", "ord=/h"])?;
+        assert!(cells(&stray).unwrap_err().to_string().contains("does not serve"));
+        let twice = parse(&[
+            "--cell",
+            "dfw=/k/a",
+            "--cell-hub-kubeconfig",
+            "dfw=/h",
+            "--cell-hub-kubeconfig",
+            "dfw=/i",
+        ])?;
+        assert!(cells(&twice).unwrap_err().to_string().contains("twice"));
+        assert!(
+            parse(&["--location", "dfw"]).is_err(),
+            "--hub-kubeconfig is required alone"
+        );
+        assert!(
+            parse(&[
+                "--location",
+                "dfw",
+                "--hub-kubeconfig",
+                "/h",
+                "--cell-hub-kubeconfig",
+                "dfw=/h"
+            ])
+            .is_err(),
+            "--cell-hub-kubeconfig goes with --cell"
+        );
+        Ok(())
+    }
+
+    /// `replicator-membership` is the membership controller's hub identity: no location may
+    /// take that name (config/rbac/hub/admission_policy.yaml).
+    #[test]
+    fn the_membership_location_is_reserved() {
+        for argv in [&["--location", "membership"][..], &["--cell", "membership=/k"][..]] {
+            let err = run_args(argv).unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{argv:?}");
+            assert!(
+                err.to_string().contains(
+                    "\"membership\" is reserved: its hub identity replicator-membership is the membership controller's"
+                ),
+                "{err}"
+            );
+        }
+        assert_eq!(parse_location("membership-2"), Ok("membership-2".to_owned()));
     }
 
     #[test]

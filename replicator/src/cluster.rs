@@ -291,13 +291,15 @@ pub async fn cell_client(path: Option<&Path>) -> Result<Client, Error> {
 
 /// Waits until the hub kubeconfig at `path` yields a client, retrying every `every`.
 ///
-/// Every failed attempt is logged once per distinct message and shown by readiness as the `hub`
-/// problem of `health`. Returns `None` if `cancel` fires first.
+/// Every failed attempt is logged once per distinct message and shown by readiness as the
+/// problem of component `key` (`hub`, or `hub <locations>` in a process with several hub
+/// kubeconfigs) of `health`. Returns `None` if `cancel` fires first.
 pub async fn wait_for_hub_client(
     path: &Path,
     every: Duration,
     cancel: &CancellationToken,
     health: &crate::health::Health,
+    key: &str,
 ) -> Option<Hub> {
     let mut last = String::new();
     loop {
@@ -305,7 +307,7 @@ pub async fn wait_for_hub_client(
             Ok(hub) => return Some(hub),
             Err(err) => {
                 let msg = err.to_string();
-                health.set("hub", msg.clone());
+                health.set(key, msg.clone());
                 if msg != last {
                     tracing::warn!(cluster = "hub", error = %msg, "waiting for the hub kubeconfig");
                     last = msg;

@@ -780,7 +780,7 @@ pub async fn run(args: MembershipArgs) -> anyhow::Result<()> {
     );
     let mut servers = http::spawn(&args.serve, registry, health.clone(), &cancel);
 
-    let hub = cluster::wait_for_hub_client(&args.hub_kubeconfig, Duration::from_secs(2), &cancel, &health).await;
+    let hub = cluster::wait_for_hub_client(&args.hub_kubeconfig, Duration::from_secs(2), &cancel, &health, "hub").await;
     let Some(cluster::Hub {
         client: hub,
         server,
