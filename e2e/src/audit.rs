@@ -1,11 +1,15 @@
 //! The hub apiserver's audit log, read back: who wrote what.
 //!
-//! The local hub logs every write (create, update, patch, delete, deletecollection) at
-//! `Metadata` level as JSON lines ([`crate::Environment::hub_audit_log`]); reads are not logged.
-//! A line is one `audit.k8s.io/v1` Event at stage `ResponseComplete` (or `Panic`). Only the
-//! fields the security checks need are read: the user, the verb, the object and the response
-//! code. Lines that are not such events (a rotated file's partial last line) are counted, not
-//! fatal.
+//! The local hub logs every write (create, update, patch, delete, deletecollection) as JSON
+//! lines ([`crate::Environment::hub_audit_log`]): the replicator identities' writes at
+//! `RequestResponse` level (the object as written), the rest at `Metadata`; reads are not
+//! logged. A line is one `audit.k8s.io/v1` Event at stage `ResponseComplete` (or `Panic`). Only
+//! the fields the security checks need are read: the user, the verb, the object, the response
+//! code and, of the object written, its labels and the subject of an Event. Lines that are not
+//! such events (a rotated file's partial last line) are counted, not fatal.
+//!
+//! [`foreign_writes`] is the check of issue #18: every write a replicator identity made, judged
+//! by its own rules (written here from the issue, not from the admission policy they check).
 
 use std::path::Path;
 
@@ -29,6 +33,45 @@ pub struct Entry {
     /// The answer; absent when the request panicked.
     #[serde(default)]
     pub response_status: Option<ResponseStatus>,
+    /// The object as written (`RequestResponse` level only; a delete may answer a Status).
+    #[serde(default)]
+    pub response_object: Option<Written>,
+}
+
+/// What an audit event tells of the object a write returned.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct Written {
+    /// `Status` when the write answered no object.
+    #[serde(default)]
+    pub kind: String,
+    /// Its metadata (labels only).
+    #[serde(default)]
+    pub metadata: WrittenMeta,
+    /// The object an `events.k8s.io` Event is about.
+    #[serde(default)]
+    pub regarding: Option<Subject>,
+    /// The object a core Event is about.
+    #[serde(default, rename = "involvedObject")]
+    pub involved_object: Option<Subject>,
+}
+
+/// The labels of a written object.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct WrittenMeta {
+    /// Its labels.
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+/// The subject of an Event.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct Subject {
+    /// Its kind (`NetworkService`).
+    #[serde(default)]
+    pub kind: String,
+    /// Its name.
+    #[serde(default)]
+    pub name: String,
 }
 
 /// The authenticated user of a request.
@@ -123,6 +166,199 @@ pub fn by_service_account<'a>(log: &'a Log, namespace: &str, name: &str) -> Vec<
         .collect()
 }
 
+/// The label every copy carries: the location that published it.
+pub const LOCATION_LABEL: &str = "replicator.datumapis.com/location";
+/// The label of the EndpointSlices `replicator membership` owns, and its value.
+pub const MANAGED_BY: (&str, &str) = (
+    "endpointslice.kubernetes.io/managed-by",
+    "membership.replicator.datumapis.com",
+);
+
+/// Who a replicator identity is, from its service account name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Identity {
+    /// `replicator-<location>`: `replicator run` of that location.
+    Location(String),
+    /// `replicator-membership`.
+    Membership,
+    /// The former shared `replicator`: it owns nothing.
+    Shared,
+}
+
+impl Identity {
+    /// The identity of service account `name`, if it is a replicator's (`replicator`,
+    /// `replicator-membership`, `replicator-<location>`).
+    pub fn of(name: &str) -> Option<Identity> {
+        match name.strip_prefix("replicator") {
+            Some("") => Some(Identity::Shared),
+            Some("-membership") => Some(Identity::Membership),
+            Some(rest) => rest
+                .strip_prefix('-')
+                .filter(|l| !l.is_empty())
+                .map(|l| Identity::Location(l.to_owned())),
+            None => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Identity::Location(l) => write!(f, "replicator-{l}"),
+            Identity::Membership => f.write_str("replicator-membership"),
+            Identity::Shared => f.write_str("replicator"),
+        }
+    }
+}
+
+/// A successful write by a replicator identity to something that is not its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Foreign {
+    /// The service account `namespace/name`.
+    pub account: String,
+    /// The verb.
+    pub verb: String,
+    /// `group/resource[/subresource] namespace/name`.
+    pub object: String,
+    /// Which rule it breaks.
+    pub why: String,
+}
+
+/// What [`foreign_writes`] found.
+#[derive(Clone, Debug, Default)]
+pub struct Verdict {
+    /// Successful writes per replicator service account (`namespace/name`).
+    pub writes: std::collections::BTreeMap<String, usize>,
+    /// The writes that were not the identity's own to make.
+    pub foreign: Vec<Foreign>,
+}
+
+/// Judges every successful write of a replicator identity in `log` (issue #18):
+/// - `replicator-<location>`: its Lease `replicator-<location>`; Events about an object named
+///   `*-<location>`; any other object only when it is a copy of its location: labelled
+///   `replicator.datumapis.com/location=<location>` with a name ending in `-<location>` as
+///   written, or, for a delete, as last written in the log (an object never written by a
+///   replicator identity before its delete is not a copy, as far as the log shows);
+/// - `replicator-membership`: EndpointSlices labelled managed-by membership (as written, or as
+///   last written for a delete), NetworkService status, Events about NetworkServices, Leases
+///   other than `replicator-*`;
+/// - `replicator` (the former shared account): nothing.
+///
+/// A write logged without its object (`Metadata` level, e.g. a hub whose audit policy predates
+/// this check) cannot be judged and counts as foreign.
+pub fn foreign_writes(log: &Log) -> Verdict {
+    type Key = (String, String, String, String);
+    let mut last: std::collections::HashMap<Key, std::collections::BTreeMap<String, String>> =
+        std::collections::HashMap::new();
+    let mut verdict = Verdict::default();
+    for entry in &log.entries {
+        let Some(object) = entry.object_ref.as_ref() else {
+            continue;
+        };
+        let key: Key = (
+            object.api_group.clone(),
+            object.resource.clone(),
+            object.namespace.clone().unwrap_or_default(),
+            object.name.clone().unwrap_or_default(),
+        );
+        let written = entry
+            .response_object
+            .as_ref()
+            .filter(|w| w.kind != "Status" && entry.succeeded_write());
+        let before = last.get(&key).cloned();
+        if let Some(w) = written
+            && entry.verb != "delete"
+        {
+            last.insert(key.clone(), w.metadata.labels.clone());
+        }
+        let Some((namespace, account)) = entry.service_account() else {
+            continue;
+        };
+        let Some(identity) = Identity::of(account) else {
+            continue;
+        };
+        if !entry.succeeded_write() {
+            continue;
+        }
+        let account = format!("{namespace}/{account}");
+        *verdict.writes.entry(account.clone()).or_default() += 1;
+        let name = key.3.as_str();
+        let labels = if entry.verb == "delete" {
+            before.as_ref()
+        } else {
+            written.map(|w| &w.metadata.labels)
+        };
+        let is_event = object.resource == "events" && matches!(object.api_group.as_str(), "" | "events.k8s.io");
+        let subject = written.and_then(|w| w.regarding.as_ref().or(w.involved_object.as_ref()));
+        let problem: Option<String> = match &identity {
+            Identity::Shared => Some("the shared account owns nothing".into()),
+            Identity::Location(location) => {
+                let suffix = format!("-{location}");
+                if object.api_group == "coordination.k8s.io" && object.resource == "leases" {
+                    (name != format!("replicator-{location}")).then(|| format!("not Lease replicator-{location}"))
+                } else if is_event {
+                    match subject {
+                        Some(s) if s.name.ends_with(&suffix) => None,
+                        Some(s) => Some(format!("an Event about {}, not a copy of {location}", s.name)),
+                        None => Some("an Event whose subject the log does not show".into()),
+                    }
+                } else {
+                    match labels.and_then(|l| l.get(LOCATION_LABEL)) {
+                        Some(l) if l == location && name.ends_with(&suffix) => None,
+                        Some(l) if l == location => Some(format!("a name not ending in {suffix}")),
+                        Some(l) => Some(format!("a copy of location {l}")),
+                        None if labels.is_some() => Some("not a copy (no location label)".into()),
+                        None => Some("an object whose labels the log does not show".into()),
+                    }
+                }
+            }
+            Identity::Membership => {
+                if object.api_group == "coordination.k8s.io" && object.resource == "leases" {
+                    name.starts_with("replicator-").then(|| "a location's Lease".to_owned())
+                } else if is_event {
+                    match subject {
+                        Some(s) if s.kind == "NetworkService" => None,
+                        _ => Some("an Event not about a NetworkService".into()),
+                    }
+                } else if object.api_group == "discovery.k8s.io" && object.resource == "endpointslices" {
+                    match labels.map(|l| l.get(MANAGED_BY.0).map(String::as_str)) {
+                        Some(Some(v)) if v == MANAGED_BY.1 => None,
+                        Some(_) => Some("an EndpointSlice membership does not manage".into()),
+                        None => Some("an EndpointSlice whose labels the log does not show".into()),
+                    }
+                } else if object.api_group == "networking.datumapis.com"
+                    && object.resource == "networkservices"
+                    && object.subresource.as_deref() == Some("status")
+                {
+                    None
+                } else {
+                    Some("not membership's to write".into())
+                }
+            }
+        };
+        if let Some(why) = problem {
+            verdict.foreign.push(Foreign {
+                account,
+                verb: entry.verb.clone(),
+                object: format!(
+                    "{}/{}{} {}/{}",
+                    object.api_group,
+                    object.resource,
+                    object
+                        .subresource
+                        .as_deref()
+                        .map(|s| format!("/{s}"))
+                        .unwrap_or_default(),
+                    key.2,
+                    name
+                ),
+                why,
+            });
+        }
+    }
+    verdict
+}
+
 /// Whether `log` holds anything at all; an empty log means the hub is not audited, which a
 /// check must not read as "no write happened".
 ///
@@ -180,6 +416,304 @@ mod tests {
         let dfw = by_service_account(&log, "replicator-system", "replicator-dfw");
         assert_eq!(dfw.len(), 3);
         assert!(by_service_account(&log, "replicator-system", "replicator-sjc").is_empty());
+    }
+
+    /// One audit line: `user` (a service account name in `replicator-e2e`, or a plain user)
+    /// `verb`s `group/resource[/sub]` `ns/name` answered `code`, returning `object` (JSON or
+    /// nothing).
+    fn line(user: &str, verb: &str, what: &str, at: &str, code: u16, object: Option<&str>) -> String {
+        let username = if user.starts_with("replicator") {
+            format!("system:serviceaccount:replicator-e2e:{user}")
+        } else {
+            user.to_owned()
+        };
+        let (group, rest) = what.split_once('/').unwrap_or(("", what));
+        let (resource, sub) = match rest.split_once('/') {
+            Some((r, s)) => (r, format!(r#","subresource":"{s}""#)),
+            None => (rest, String::new()),
+        };
+        let (ns, name) = at.split_once('/').unwrap_or(("", at));
+        let object = object.map(|o| format!(r#","responseObject":{o}"#)).unwrap_or_default();
+        format!(
+            r#"{{"kind":"Event","stage":"ResponseComplete","verb":"{verb}","user":{{"username":"{username}"}},"objectRef":{{"resource":"{resource}"{sub},"namespace":"{ns}","name":"{name}","apiGroup":"{group}"}},"responseStatus":{{"code":{code}}}{object}}}"#
+        )
+    }
+
+    fn labelled(kind: &str, labels: &str) -> String {
+        format!(r#"{{"kind":"{kind}","metadata":{{"name":"x","labels":{{{labels}}}}}}}"#)
+    }
+
+    fn judge(lines: &[String]) -> Verdict {
+        foreign_writes(&parse(&lines.join("\n")))
+    }
+
+    #[test]
+    fn identities_are_read_from_the_account_name() {
+        assert_eq!(Identity::of("replicator-dfw"), Some(Identity::Location("dfw".into())));
+        assert_eq!(
+            Identity::of("replicator-us-east-1"),
+            Some(Identity::Location("us-east-1".into()))
+        );
+        assert_eq!(Identity::of("replicator-membership"), Some(Identity::Membership));
+        assert_eq!(Identity::of("replicator"), Some(Identity::Shared));
+        assert_eq!(Identity::of("replicator-"), None);
+        assert_eq!(Identity::of("replicatorx"), None);
+        assert_eq!(Identity::of("karmada"), None);
+    }
+
+    #[test]
+    fn a_location_writes_its_copies_lease_and_events_and_nothing_else() {
+        let dfw = r#""replicator.datumapis.com/location":"dfw""#;
+        let sjc = r#""replicator.datumapis.com/location":"sjc""#;
+        let slices = "discovery.k8s.io/endpointslices";
+        let lines = [
+            // Own: a copy applied, its status, the Lease, an Event about a copy, a delete of a
+            // copy the log saw written.
+            line(
+                "replicator-dfw",
+                "patch",
+                slices,
+                "p/a-dfw",
+                201,
+                Some(&labelled("EndpointSlice", dfw)),
+            ),
+            line(
+                "replicator-dfw",
+                "patch",
+                "networking.datumapis.com/networkinterfaces/status",
+                "p/n-dfw",
+                200,
+                Some(&labelled("NetworkInterface", dfw)),
+            ),
+            line(
+                "replicator-dfw",
+                "patch",
+                "coordination.k8s.io/leases",
+                "replicator-e2e/replicator-dfw",
+                200,
+                Some(&labelled("Lease", "")),
+            ),
+            line(
+                "replicator-dfw",
+                "create",
+                "events.k8s.io/events",
+                "p/a-dfw.1",
+                201,
+                Some(r#"{"kind":"Event","regarding":{"kind":"EndpointSlice","name":"a-dfw"}}"#),
+            ),
+            line(
+                "replicator-dfw",
+                "delete",
+                slices,
+                "p/a-dfw",
+                200,
+                Some(r#"{"kind":"Status"}"#),
+            ),
+            // Refused attempts and other users are not writes of an identity.
+            line("replicator-dfw", "delete", slices, "p/b-sjc", 403, None),
+            line("admin", "create", slices, "p/hand", 201, None),
+            // Foreign: another location's copy, a hand-made object, a name without the suffix,
+            // another Lease, an Event about something else, a delete of an object the log never
+            // saw written by a replicator, a write logged without its object.
+            line(
+                "replicator-dfw",
+                "patch",
+                slices,
+                "p/b-sjc",
+                200,
+                Some(&labelled("EndpointSlice", sjc)),
+            ),
+            line(
+                "replicator-dfw",
+                "patch",
+                slices,
+                "p/hand",
+                200,
+                Some(&labelled("EndpointSlice", "")),
+            ),
+            line(
+                "replicator-dfw",
+                "patch",
+                slices,
+                "p/c",
+                200,
+                Some(&labelled("EndpointSlice", dfw)),
+            ),
+            line(
+                "replicator-dfw",
+                "patch",
+                "coordination.k8s.io/leases",
+                "replicator-e2e/replicator-sjc",
+                200,
+                Some(&labelled("Lease", "")),
+            ),
+            line(
+                "replicator-dfw",
+                "create",
+                "events.k8s.io/events",
+                "p/b.1",
+                201,
+                Some(r#"{"kind":"Event","regarding":{"kind":"EndpointSlice","name":"b-sjc"}}"#),
+            ),
+            line(
+                "replicator-dfw",
+                "delete",
+                slices,
+                "p/never-dfw",
+                200,
+                Some(r#"{"kind":"Status"}"#),
+            ),
+            line("replicator-dfw", "patch", slices, "p/d-dfw", 200, None),
+        ];
+        let verdict = judge(&lines);
+        assert_eq!(verdict.writes.get("replicator-e2e/replicator-dfw"), Some(&12));
+        let whys: Vec<(&str, &str)> = verdict
+            .foreign
+            .iter()
+            .map(|f| (f.object.as_str(), f.why.as_str()))
+            .collect();
+        assert_eq!(
+            whys,
+            vec![
+                ("discovery.k8s.io/endpointslices p/b-sjc", "a copy of location sjc"),
+                (
+                    "discovery.k8s.io/endpointslices p/hand",
+                    "not a copy (no location label)"
+                ),
+                ("discovery.k8s.io/endpointslices p/c", "a name not ending in -dfw"),
+                (
+                    "coordination.k8s.io/leases replicator-e2e/replicator-sjc",
+                    "not Lease replicator-dfw"
+                ),
+                ("events.k8s.io/events p/b.1", "an Event about b-sjc, not a copy of dfw"),
+                (
+                    "discovery.k8s.io/endpointslices p/never-dfw",
+                    "an object whose labels the log does not show"
+                ),
+                (
+                    "discovery.k8s.io/endpointslices p/d-dfw",
+                    "an object whose labels the log does not show"
+                ),
+            ]
+        );
+        assert!(
+            verdict
+                .foreign
+                .iter()
+                .all(|f| f.account == "replicator-e2e/replicator-dfw")
+        );
+    }
+
+    #[test]
+    fn membership_writes_its_slices_and_service_status_only() {
+        let managed = r#""endpointslice.kubernetes.io/managed-by":"membership.replicator.datumapis.com""#;
+        let slices = "discovery.k8s.io/endpointslices";
+        let lines = [
+            line(
+                "replicator-membership",
+                "patch",
+                slices,
+                "p/web-http",
+                201,
+                Some(&labelled("EndpointSlice", managed)),
+            ),
+            line(
+                "replicator-membership",
+                "delete",
+                slices,
+                "p/web-http",
+                200,
+                Some(r#"{"kind":"Status"}"#),
+            ),
+            line(
+                "replicator-membership",
+                "patch",
+                "networking.datumapis.com/networkservices/status",
+                "p/web",
+                200,
+                Some(&labelled("NetworkService", "")),
+            ),
+            line(
+                "replicator-membership",
+                "patch",
+                "coordination.k8s.io/leases",
+                "replicator-e2e/replicator.membership",
+                200,
+                Some(&labelled("Lease", "")),
+            ),
+            line(
+                "replicator-membership",
+                "create",
+                "events.k8s.io/events",
+                "p/web.1",
+                201,
+                Some(r#"{"kind":"Event","regarding":{"kind":"NetworkService","name":"web"}}"#),
+            ),
+            line(
+                "replicator-membership",
+                "patch",
+                slices,
+                "p/hand",
+                200,
+                Some(&labelled("EndpointSlice", "")),
+            ),
+            line(
+                "replicator-membership",
+                "patch",
+                "networking.datumapis.com/networkservices",
+                "p/web",
+                200,
+                Some(&labelled("NetworkService", "")),
+            ),
+            line(
+                "replicator-membership",
+                "patch",
+                "coordination.k8s.io/leases",
+                "replicator-e2e/replicator-dfw",
+                200,
+                Some(&labelled("Lease", "")),
+            ),
+            line(
+                "replicator",
+                "patch",
+                slices,
+                "p/a-dfw",
+                200,
+                Some(&labelled(
+                    "EndpointSlice",
+                    r#""replicator.datumapis.com/location":"dfw""#,
+                )),
+            ),
+        ];
+        let verdict = judge(&lines);
+        assert_eq!(verdict.writes.get("replicator-e2e/replicator-membership"), Some(&8));
+        assert_eq!(verdict.writes.get("replicator-e2e/replicator"), Some(&1));
+        let whys: Vec<(&str, &str)> = verdict
+            .foreign
+            .iter()
+            .map(|f| (f.object.as_str(), f.why.as_str()))
+            .collect();
+        assert_eq!(
+            whys,
+            vec![
+                (
+                    "discovery.k8s.io/endpointslices p/hand",
+                    "an EndpointSlice membership does not manage"
+                ),
+                (
+                    "networking.datumapis.com/networkservices p/web",
+                    "not membership's to write"
+                ),
+                (
+                    "coordination.k8s.io/leases replicator-e2e/replicator-dfw",
+                    "a location's Lease"
+                ),
+                (
+                    "discovery.k8s.io/endpointslices p/a-dfw",
+                    "the shared account owns nothing"
+                ),
+            ]
+        );
     }
 
     #[test]

@@ -1164,8 +1164,11 @@ fn logs_dir(dir: &Path) -> PathBuf {
     dir.join("logs")
 }
 
-/// The hub apiserver's audit policy: every write (create, update, patch, delete,
-/// deletecollection) at `Metadata` level, who and what without bodies; reads are not logged.
+/// The hub apiserver's audit policy: reads are not logged; the writes of the service accounts of
+/// namespaces `replicator-system` (the shipped manifests) and `replicator-e2e` (the harness's
+/// identities) at `RequestResponse` level, so the object written (its labels, the subject of an
+/// Event) can be checked ([`crate::audit::foreign_writes`]); every other write at `Metadata`
+/// level, who and what without bodies.
 const AUDIT_POLICY: &str = "\
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -1173,6 +1176,8 @@ omitStages: [RequestReceived]
 rules:
 - level: None
   verbs: [get, list, watch]
+- level: RequestResponse
+  userGroups: [\"system:serviceaccounts:replicator-system\", \"system:serviceaccounts:replicator-e2e\"]
 - level: Metadata
 ";
 

@@ -9,6 +9,8 @@
 //! replicator-env kubeconfig cell-a   print the path of a cluster's kubeconfig
 //! replicator-env down                stop everything started from the state directory
 //! replicator-env leftovers           after down: list what is left on the host; exit 1 if any
+//! replicator-env audit               the hub audit log: writes per replicator identity, and those
+//!                                    to objects not its own (issue #18); exit 1 if any, or none
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -45,6 +47,11 @@ enum Commands {
     /// List what a stopped environment left on the host (processes, mounts, cgroups, network
     /// interfaces, iptables rules and chains); exits 1 if anything is left.
     Leftovers,
+    /// Read the hub's audit log: count the successful writes of each replicator identity
+    /// (`replicator-<location>`, `replicator-membership`) and list those made to objects that are
+    /// not its own (another location's copy, a hand-made object, another Lease); exits 1 if any,
+    /// or if the log holds no replicator write at all (an unaudited hub proves nothing).
+    Audit,
     /// Print the path of a cluster's admin kubeconfig (hub, cell-a, cell-b or edge-1).
     Kubeconfig {
         /// The cluster.
@@ -87,6 +94,7 @@ async fn main() -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::FAILURE)
         }
+        Commands::Audit => audit(&dir),
         Commands::Kubeconfig { cluster } => {
             let path = controlplane::kubeconfig_path(&dir, cluster);
             anyhow::ensure!(
@@ -204,4 +212,38 @@ async fn status(dir: &Path) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+fn audit(dir: &Path) -> anyhow::Result<ExitCode> {
+    let path = controlplane::audit_log_path(dir);
+    let log = replicator_e2e::audit::read(&path)?;
+    replicator_e2e::audit::require_entries(&log, &path)?;
+    let verdict = replicator_e2e::audit::foreign_writes(&log);
+    println!(
+        "hub audit log {}: {} entries ({} unreadable lines)",
+        path.display(),
+        log.entries.len(),
+        log.unreadable
+    );
+    for (account, writes) in &verdict.writes {
+        let foreign = verdict.foreign.iter().filter(|f| &f.account == account).count();
+        println!("  {account}: {writes} writes, {foreign} to objects not its own");
+    }
+    let total: usize = verdict.writes.values().sum();
+    println!(
+        "replicator identities: {} accounts, {total} writes, {} to objects not their own",
+        verdict.writes.len(),
+        verdict.foreign.len()
+    );
+    if total == 0 {
+        println!("no replicator identity wrote anything: the check proves nothing");
+        return Ok(ExitCode::FAILURE);
+    }
+    if verdict.foreign.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    for f in verdict.foreign.iter().take(50) {
+        println!("  {} {} {}: {}", f.account, f.verb, f.object, f.why);
+    }
+    Ok(ExitCode::FAILURE)
 }
