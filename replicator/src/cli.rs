@@ -550,19 +550,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut servers = http::spawn(&args.serve, registry, health.clone(), &cancel);
     let args = Arc::new(args);
     let identity = args.identity.clone().unwrap_or_else(election::default_identity);
+    let shared = Arc::new(Shared {
+        args,
+        identity,
+        rules,
+        metrics,
+        health,
+        cancel: cancel.clone(),
+    });
     let mut tasks = tokio::task::JoinSet::new();
     for group in groups {
         let key = group.health_key(single);
-        tasks.spawn(serve_hub(
-            group,
-            key,
-            Arc::clone(&args),
-            identity.clone(),
-            rules.clone(),
-            metrics.clone(),
-            health.clone(),
-            cancel.clone(),
-        ));
+        tasks.spawn(serve_hub(group, key, Arc::clone(&shared)));
     }
 
     let mut result = Ok(());
@@ -579,6 +578,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     while servers.join_next().await.is_some() {}
     tracing::info!("stopped");
     result
+}
+
+/// What every hub group of a `replicator run` process shares.
+struct Shared {
+    args: Arc<RunArgs>,
+    /// This replica's identity in the Leases.
+    identity: String,
+    rules: Vec<rules::Rule>,
+    metrics: Metrics,
+    health: Health,
+    cancel: CancellationToken,
 }
 
 /// The cells that reach the hub through one hub kubeconfig.
@@ -604,18 +614,16 @@ impl HubGroup {
 /// and kubeconfig watch of that kubeconfig, then for each cell its election, sync, outage
 /// policy and sweep. Returns when `cancel` fires (or at once if it fires before the hub
 /// kubeconfig is usable).
-#[allow(clippy::too_many_arguments)]
-async fn serve_hub(
-    group: HubGroup,
-    key: String,
-    args: Arc<RunArgs>,
-    identity: String,
-    rules: Vec<rules::Rule>,
-    metrics: Metrics,
-    health: Health,
-    cancel: CancellationToken,
-) {
-    let hub = cluster::wait_for_hub_client(&group.kubeconfig, Duration::from_secs(2), &cancel, &health, &key).await;
+async fn serve_hub(group: HubGroup, key: String, shared: Arc<Shared>) {
+    let Shared {
+        args,
+        identity,
+        rules,
+        metrics,
+        health,
+        cancel,
+    } = &*shared;
+    let hub = cluster::wait_for_hub_client(&group.kubeconfig, Duration::from_secs(2), cancel, health, &key).await;
     let Some(cluster::Hub {
         client: hub,
         server,
