@@ -279,11 +279,18 @@ async fn follow(
                 drop(changed);
                 if leading {
                     on_change(false);
-                    match tokio::time::timeout(Duration::from_secs(5), manager.release()).await {
-                        Ok(Ok(())) => tracing::info!("released the Lease"),
-                        Ok(Err(err)) => tracing::warn!(error = %err, "could not release the Lease; it expires by itself"),
-                        Err(_) => tracing::warn!("releasing the Lease timed out; it expires by itself"),
-                    }
+                }
+                // Released even when this replica does not know it leads: the dropped call may
+                // have taken the Lease on the hub before its answer was read (seen when a cell
+                // leaves the election at once, finding its location claimed). The manager reads
+                // the Lease first and clears it only if this identity holds it (or it expired).
+                match tokio::time::timeout(Duration::from_secs(5), manager.release()).await {
+                    Ok(Ok(())) if leading => tracing::info!("released the Lease"),
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) if leading => tracing::warn!(error = %err, "could not release the Lease; it expires by itself"),
+                    Ok(Err(err)) => tracing::debug!(error = %err, "could not check the Lease on leaving"),
+                    Err(_) if leading => tracing::warn!("releasing the Lease timed out; it expires by itself"),
+                    Err(_) => tracing::debug!("checking the Lease on leaving timed out"),
                 }
                 return Followed::Cancelled;
             }
