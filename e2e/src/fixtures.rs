@@ -521,13 +521,18 @@ const IDENTITY_KINDS: [&str; 5] = [
     "RoleBinding",
 ];
 
-/// What [`composed_identity`] renders: the shipped `config/rbac/cell` and `config/rbac/hub`, each
-/// with the kustomize components an operator adds beside them (paths under `config/`, for
-/// example `components/vpcattachments/cell`), and an optional edit of the rendered cell objects
-/// (a scenario that needs a narrower role than the shipped one says exactly what it takes away).
+/// What [`composed_identity`] renders: the shipped `config/rbac/cell` and `config/rbac/hub` (with
+/// `config/rbac/hub/location` binding the location's account), each with the kustomize
+/// components an operator adds beside them (paths under `config/`, for example
+/// `components/vpcattachments/cell`), and an optional edit of the rendered cell objects (a
+/// scenario that needs a narrower role than the shipped one says exactly what it takes away).
 pub struct IdentitySpec<'a> {
-    /// A short DNS label naming the identity: every rendered name gets `-<name>-e2e`.
+    /// A short DNS label naming the identity: every rendered cell name, and the hub's role and
+    /// binding names, get `-<name>-e2e`.
     pub name: &'a str,
+    /// The location the process runs as (`--location`): the hub account is
+    /// `replicator-<location>`, the name the hub's admission policies read the location from.
+    pub location: &'a str,
     /// The cell the identity is created in.
     pub cell: Cluster,
     /// Components added to `config/rbac/cell`.
@@ -546,6 +551,8 @@ pub struct ComposedIdentity {
     pub cell_kubeconfig: std::path::PathBuf,
     /// Kubeconfig of the hub service account.
     pub hub_kubeconfig: std::path::PathBuf,
+    /// The hub namespace of the hub service account (`replicator-e2e-<name>`, the identity's own).
+    pub hub_namespace: String,
     /// The files applied, with their cluster.
     pub applied: Vec<(Cluster, std::path::PathBuf)>,
     kubectl: std::path::PathBuf,
@@ -554,7 +561,9 @@ pub struct ComposedIdentity {
 
 impl ComposedIdentity {
     /// Deletes every object the identity applied (`kubectl delete --ignore-not-found`), best
-    /// effort, blocking: callable from a `Drop`.
+    /// effort, blocking: callable from a `Drop`. The location's hub identity of
+    /// [`crate::rbac::Identities::hub_kubeconfig_for`] (same account name, other namespace) is
+    /// not touched.
     pub fn remove(&self) {
         for (cluster, file) in &self.applied {
             let Some(admin) = self.admin.get(cluster) else {
@@ -575,70 +584,129 @@ impl ComposedIdentity {
     }
 }
 
-/// Renders the replicator's identity the way an operator composes it (`config/rbac/{cell,hub}`
-/// plus components, through a wrapper kustomization that moves it into namespace
-/// [`crate::rbac::NAMESPACE`] and suffixes every name with `-<name>-e2e`), applies the RBAC
-/// objects of the render to `spec.cell` and the hub, and writes token kubeconfigs of the two
-/// `replicator-<name>-e2e` service accounts. The Lease Role lands in [`crate::rbac::NAMESPACE`],
-/// the namespace [`crate::ReplicatorProcess::spawn`] passes as `--lease-namespace`. Waits until
-/// the last rule of every rendered role is allowed.
+/// Renders the replicator's identity the way an operator composes it and applies its RBAC
+/// objects, then writes token kubeconfigs of its two service accounts:
+///
+/// - in `spec.cell`: `config/rbac/cell` plus components, through a wrapper that moves it into
+///   namespace [`crate::rbac::NAMESPACE`] and suffixes every name with `-<name>-e2e`
+///   (account `replicator-<name>-e2e`);
+/// - on the hub: `config/rbac/hub` plus components with `config/rbac/hub/location` under
+///   `nameSuffix: -<location>` (as `config/overlays/<location>/hub` does), the names of roles
+///   and bindings suffixed with `-<name>-e2e`; kept are the account `replicator-<location>` and
+///   what binds it. The account lives in a hub namespace of the identity's own,
+///   `replicator-e2e-<name>` (the admission policies match the account name in any
+///   namespace), so that it never shares a token or a grant with the location's identity of
+///   [`crate::rbac::Identities::hub_kubeconfig_for`]. The Lease Role and its binding land in
+///   [`crate::rbac::NAMESPACE`], the namespace [`crate::ReplicatorProcess::spawn`] passes as
+///   `--lease-namespace`.
+///
+/// Waits until the last rule of every rendered role is allowed.
 ///
 /// # Errors
 /// A failed render, apply or token request, or a binding that never takes effect.
 pub async fn composed_identity(env: &Environment, spec: &IdentitySpec<'_>) -> Result<ComposedIdentity> {
+    crate::rbac::validate_location(spec.location)?;
     let suffix = format!("{}-{}", spec.name, crate::rbac::NAME_SUFFIX);
     let work = env.dir().join("scratch").join(format!("identity-{}", spec.name));
-    let account = format!("replicator-{suffix}");
+    let hub_namespace = format!("{}-{}", crate::rbac::NAMESPACE, spec.name);
+    let cell_account = format!("replicator-{suffix}");
+    let hub_account = crate::rbac::hub_service_account(spec.location);
     let mut applied = Vec::new();
     let mut kubeconfigs = Vec::new();
-    for (cluster, target, components, edit) in [
-        (spec.cell, "rbac/cell", spec.cell_components, spec.edit_cell),
-        (Cluster::Hub, "rbac/hub", spec.hub_components, None),
+    for (cluster, target, components) in [
+        (spec.cell, "rbac/cell", spec.cell_components),
+        (Cluster::Hub, "rbac/hub", spec.hub_components),
     ] {
         let dir = work.join(target.replace('/', "-"));
         std::fs::create_dir_all(&dir).map_err(|e| Error::Scenario(format!("creating {}: {e}", dir.display())))?;
         let mut k = format!(
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {}\n",
-            relative_config(&dir, target).display()
+            crate::rbac::config_relative(&dir, target).display()
         );
+        if cluster == Cluster::Hub {
+            // The location's binding of the shipped roles, named as its hub overlay names it.
+            let location = dir.join("location");
+            write_file(
+                &location.join("kustomization.yaml"),
+                &format!(
+                    "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {}\n\
+                     nameSuffix: \"-{}\"\n",
+                    crate::rbac::config_relative(&location, "rbac/hub/location").display(),
+                    spec.location
+                ),
+            )?;
+            k.push_str("- location\n");
+        }
         if !components.is_empty() {
             k.push_str("components:\n");
         }
         for component in components {
-            k.push_str(&format!("- {}\n", relative_config(&dir, component).display()));
+            k.push_str(&format!(
+                "- {}\n",
+                crate::rbac::config_relative(&dir, component).display()
+            ));
         }
-        k.push_str(&format!(
-            "namespace: \"{}\"\nnameSuffix: \"-{suffix}\"\n",
-            crate::rbac::NAMESPACE
-        ));
-        let file = dir.join("kustomization.yaml");
-        std::fs::write(&file, k).map_err(|e| Error::Scenario(format!("writing {}: {e}", file.display())))?;
+        k.push_str(&format!("namespace: \"{}\"\n", crate::rbac::NAMESPACE));
+        if cluster == Cluster::Hub {
+            // Roles and bindings only: the account keeps its name (`replicator-<location>`).
+            let transformer = crate::rbac::suffix_transformer(
+                "identity",
+                &suffix,
+                &["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"],
+            );
+            k.push_str("transformers:\n- |-\n");
+            for line in transformer.lines() {
+                k.push_str(&format!("  {line}\n"));
+            }
+        } else {
+            k.push_str(&format!("nameSuffix: \"-{suffix}\"\n"));
+        }
+        write_file(&dir.join("kustomization.yaml"), &k)?;
         let rendered = env
             .kubectl_ok(
                 Cluster::Hub,
                 [std::ffi::OsString::from("kustomize"), dir.clone().into_os_string()],
             )
             .await?;
-        let mut items: Vec<Value> = serde_saphyr::from_multiple::<Value>(&rendered)
-            .map_err(|e| Error::Scenario(format!("parsing the render of {}: {e}", dir.display())))?
-            .into_iter()
-            .filter(|o| o["kind"].as_str().is_some_and(|k| IDENTITY_KINDS.contains(&k)))
-            .collect();
-        if let Some(edit) = edit {
-            items.iter_mut().for_each(edit);
-        }
+        let all: Vec<Value> = serde_saphyr::from_multiple::<Value>(&rendered)
+            .map_err(|e| Error::Scenario(format!("parsing the render of {}: {e}", dir.display())))?;
+        let (account, namespace, mut items) = if cluster == Cluster::Hub {
+            let items = hub_identity_objects(all, &hub_account, &hub_namespace);
+            (hub_account.as_str(), hub_namespace.as_str(), items)
+        } else {
+            let mut items: Vec<Value> = all
+                .into_iter()
+                .filter(|o| o["kind"].as_str().is_some_and(|k| IDENTITY_KINDS.contains(&k)))
+                .collect();
+            if let Some(edit) = spec.edit_cell {
+                items.iter_mut().for_each(edit);
+            }
+            (cell_account.as_str(), crate::rbac::NAMESPACE, items)
+        };
         if !items
             .iter()
-            .any(|o| o["kind"] == "ServiceAccount" && o["metadata"]["name"] == account.as_str())
+            .any(|o| o["kind"] == "ServiceAccount" && o["metadata"]["name"] == account)
         {
             return Err(Error::Scenario(format!(
                 "config/{target} renders no ServiceAccount {account}"
             )));
         }
+        env.ensure_namespace(cluster, namespace).await?;
+        if namespace != crate::rbac::NAMESPACE {
+            // The identity's own namespace goes with it.
+            env.ensure_namespace(cluster, crate::rbac::NAMESPACE).await?;
+            items.insert(
+                0,
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": {
+                    crate::rbac::KARMADA_SKIP_PROPAGATION_LABEL: "true"
+                }}}),
+            );
+        }
         let list = dir.join("identity.json");
-        let text = json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
-        std::fs::write(&list, text).map_err(|e| Error::Scenario(format!("writing {}: {e}", list.display())))?;
-        env.ensure_namespace(cluster, crate::rbac::NAMESPACE).await?;
+        write_file(
+            &list,
+            &json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string(),
+        )?;
         applied.push((cluster, list.clone()));
         env.kubectl_ok(
             cluster,
@@ -652,9 +720,7 @@ pub async fn composed_identity(env: &Environment, spec: &IdentitySpec<'_>) -> Re
             ],
         )
         .await?;
-        let token = env
-            .service_account_token(cluster, crate::rbac::NAMESPACE, &account, "2h")
-            .await?;
+        let token = env.service_account_token(cluster, namespace, account, "2h").await?;
         let kubeconfig = work.join(format!("{}.kubeconfig", cluster.name()));
         crate::rbac::write_token_kubeconfig(env, cluster, &env.server_url(cluster), &token, &kubeconfig).await?;
         wait_roles_in_force(&kubeconfig, &items).await?;
@@ -665,6 +731,7 @@ pub async fn composed_identity(env: &Environment, spec: &IdentitySpec<'_>) -> Re
     Ok(ComposedIdentity {
         cell_kubeconfig,
         hub_kubeconfig,
+        hub_namespace,
         kubectl: env.binaries().kubectl.clone(),
         admin: [spec.cell, Cluster::Hub]
             .into_iter()
@@ -674,18 +741,57 @@ pub async fn composed_identity(env: &Environment, spec: &IdentitySpec<'_>) -> Re
     })
 }
 
-/// `config/<target>` as a path relative to `from` (kustomize refuses absolute paths).
-fn relative_config(from: &std::path::Path, target: &str) -> std::path::PathBuf {
-    let ups = from
-        .components()
-        .filter(|c| matches!(c, std::path::Component::Normal(_)))
-        .count();
-    let config = crate::paths::workspace_root().join("config").join(target);
-    let mut rel = std::path::PathBuf::new();
-    for _ in 0..ups {
-        rel.push("..");
+/// Of a hub render, the account `account` (moved to `namespace`), the bindings naming it as a
+/// subject (their subjects moved with it) and the roles they bind: membership's objects, the
+/// admission policies and the Namespace stay out.
+fn hub_identity_objects(all: Vec<Value>, account: &str, namespace: &str) -> Vec<Value> {
+    let names_account = |o: &Value| {
+        o["subjects"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|s| s["kind"] == "ServiceAccount" && s["name"] == account))
+    };
+    let bound: Vec<(String, String)> = all
+        .iter()
+        .filter(|o| matches!(o["kind"].as_str(), Some("ClusterRoleBinding" | "RoleBinding")) && names_account(o))
+        .map(|o| {
+            (
+                o["roleRef"]["kind"].as_str().unwrap_or_default().to_owned(),
+                o["roleRef"]["name"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let mut items: Vec<Value> = all
+        .into_iter()
+        .filter(|o| {
+            let kind = o["kind"].as_str().unwrap_or_default();
+            let name = o["metadata"]["name"].as_str().unwrap_or_default();
+            match kind {
+                "ServiceAccount" => name == account,
+                "ClusterRoleBinding" | "RoleBinding" => names_account(o),
+                "ClusterRole" | "Role" => bound.iter().any(|(k, n)| k == kind && n == name),
+                _ => false,
+            }
+        })
+        .collect();
+    for o in &mut items {
+        if o["kind"] == "ServiceAccount" {
+            o["metadata"]["namespace"] = json!(namespace);
+        }
+        // (`get_mut`: indexing a missing key mutably would add it.)
+        if let Some(subjects) = o.get_mut("subjects").and_then(Value::as_array_mut) {
+            for s in subjects.iter_mut().filter(|s| s["name"] == account) {
+                s["namespace"] = json!(namespace);
+            }
+        }
     }
-    rel.join(config.strip_prefix("/").unwrap_or(&config))
+    items
+}
+
+fn write_file(path: &std::path::Path, text: &str) -> Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| Error::Scenario(format!("creating {}: {e}", parent.display())))?;
+    }
+    std::fs::write(path, text).map_err(|e| Error::Scenario(format!("writing {}: {e}", path.display())))
 }
 
 /// Waits until the identity of `kubeconfig` is allowed the last rule of every Role and
@@ -820,6 +926,8 @@ pub fn vpc_attachment(
 /// Removes what a scenario made when dropped, pass or fail: the identities it composed, its
 /// namespaces (the namespace controllers of the hub and the cells delete the sources, copies and
 /// services in them) and the hub Leases its processes elected on (in [`crate::rbac::NAMESPACE`]).
+/// The locations' hub identities its processes ran as ([`crate::rbac::Identities::hub_kubeconfig_for`])
+/// stay: they are environment fixtures, which another scenario may be running as.
 /// Declare it before the processes: locals drop in reverse order, so they are killed first.
 pub struct Teardown {
     kubectl: std::path::PathBuf,

@@ -31,8 +31,10 @@ const LOG_TAIL_LINES: usize = 40;
 /// Which credentials a spawned `replicator` gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Credentials {
-    /// Tokens of service accounts bound to exactly the ClusterRoles rendered from
-    /// `config/rbac/{cell,hub}` (see [`crate::rbac`]): the default.
+    /// Tokens of service accounts bound to exactly the roles rendered from `config/rbac/{cell,hub}`
+    /// (see [`crate::rbac`]): on the hub, `replicator-<location>` for `replicator run` and
+    /// `replicator-membership` for membership, which the hub's admission policies confine as
+    /// they confine a deployment. The default.
     LeastPrivilege,
     /// The environment's admin kubeconfigs (`system:masters`), for a scenario that needs them on
     /// purpose; see [`ReplicatorSpec::admin`].
@@ -83,8 +85,10 @@ impl ReplicatorSpec {
         }
     }
 
-    /// One `replicator run` serving several cells (`--cell LOCATION=KUBECONFIG` each) instead
-    /// of one; its log and [`ReplicatorProcess::location`] are the locations joined by `+`.
+    /// One `replicator run` serving several cells (`--cell LOCATION=KUBECONFIG` each, and with
+    /// least privilege `--cell-hub-kubeconfig LOCATION=KUBECONFIG` of `replicator-<location>`
+    /// each) instead of one; its log and [`ReplicatorProcess::location`] are the locations joined
+    /// by `+`.
     pub fn cells(cells: &[(Cluster, &str)]) -> ReplicatorSpec {
         let joined = cells.iter().map(|(_, l)| *l).collect::<Vec<_>>().join("+");
         ReplicatorSpec {
@@ -93,7 +97,9 @@ impl ReplicatorSpec {
         }
     }
 
-    /// Overrides `--hub-kubeconfig` (default: the hub identity of the spec's [`Credentials`]).
+    /// Overrides `--hub-kubeconfig` (default: the hub identity of the spec's [`Credentials`]:
+    /// `replicator-<location>`). With [`ReplicatorSpec::cells`], every cell then uses it (no
+    /// `--cell-hub-kubeconfig` is passed).
     #[must_use]
     pub fn hub_kubeconfig(mut self, path: impl Into<PathBuf>) -> ReplicatorSpec {
         self.hub_kubeconfig = Some(path.into());
@@ -198,7 +204,10 @@ impl ReplicatorProcess {
     /// [extra args]` (or `replicator membership --hub-kubeconfig <hub> ...`), logging to
     /// `logs/replicator-<location>-<n>.log`. The kubeconfigs are the least-privilege identities
     /// of [`Environment::least_privilege`] (created on first use) unless the spec says
-    /// otherwise.
+    /// otherwise: in the cell, the cell's; on the hub, `replicator-<location>` of
+    /// [`crate::rbac::Identities::hub_kubeconfig_for`] (with [`ReplicatorSpec::cells`], one
+    /// `--cell-hub-kubeconfig LOCATION=...` per cell, and the first cell's as
+    /// `--hub-kubeconfig`), or `replicator-membership` for membership.
     pub async fn spawn(env: &Environment, spec: ReplicatorSpec) -> Result<ReplicatorProcess> {
         let binary = spec.binary.clone().unwrap_or_else(ReplicatorProcess::binary_path);
         if !binary.is_file() {
@@ -213,7 +222,12 @@ impl ReplicatorProcess {
         let hub_kubeconfig = match (&spec.hub_kubeconfig, &identities) {
             (Some(path), _) => path.clone(),
             (None, Some(ids)) if spec.membership => ids.membership_kubeconfig(),
-            (None, Some(ids)) => ids.hub_kubeconfig(),
+            // Several cells: `--hub-kubeconfig` is the first cell's identity (each cell also
+            // gets its own `--cell-hub-kubeconfig` below).
+            (None, Some(ids)) => match spec.cells.first() {
+                Some((_, location)) => ids.hub_kubeconfig_for(env, location).await?,
+                None => ids.hub_kubeconfig_for(env, &spec.location).await?,
+            },
             (None, None) => env.kubeconfig_path(Cluster::Hub),
         };
         let cell_kubeconfig = match (&spec.cell_kubeconfig, &identities) {
@@ -233,6 +247,16 @@ impl ReplicatorProcess {
                     None => env.kubeconfig_path(*cell),
                 });
                 args.push(value);
+            }
+            // Each cell writes to the hub as its location's identity, unless the scenario named
+            // one hub kubeconfig for all.
+            if let (Some(ids), None) = (&identities, &spec.hub_kubeconfig) {
+                for (_, location) in &spec.cells {
+                    args.push("--cell-hub-kubeconfig".into());
+                    let mut value = OsString::from(format!("{location}="));
+                    value.push(ids.hub_kubeconfig_for(env, location).await?);
+                    args.push(value);
+                }
             }
             args
         } else {

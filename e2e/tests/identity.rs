@@ -490,9 +490,10 @@ async fn a_replica_restarted_under_another_identity_waits_for_the_lease_to_expir
     Ok(())
 }
 
-/// A token of the hub's least-privilege replicator account bound to Secret `anchor` (in
-/// [`rbac::NAMESPACE`]): deleting the Secret revokes the token.
-async fn bound_token(env: &Environment, anchor: &str) -> String {
+/// A token of the hub identity of `location` (service account `replicator-<location>` in
+/// [`rbac::NAMESPACE`], which must exist) bound to Secret `anchor` (in the same namespace):
+/// deleting the Secret revokes the token.
+async fn bound_token(env: &Environment, location: &str, anchor: &str) -> String {
     let secrets = Api::<Secret>::namespaced(env.client(HUB).await.unwrap(), rbac::NAMESPACE);
     let secret = Secret {
         metadata: ObjectMeta {
@@ -502,7 +503,7 @@ async fn bound_token(env: &Environment, anchor: &str) -> String {
         ..Secret::default()
     };
     secrets.create(&PostParams::default(), &secret).await.unwrap();
-    let account = format!("replicator-{}", rbac::NAME_SUFFIX);
+    let account = rbac::hub_service_account(location);
     env.kubectl_ok(
         HUB,
         [
@@ -557,8 +558,9 @@ async fn hub_401s(p: &ReplicatorProcess) -> f64 {
 #[tokio::test]
 async fn a_rotated_token_file_is_picked_up_and_a_revoked_token_only_pauses_writes() -> TestResult {
     let env = Environment::ensure_up().await?;
-    env.least_privilege().await?;
     let (ns, location) = (unique("tokenfile"), unique("loc"));
+    // The location's hub identity, whose tokens the scenario issues itself.
+    env.least_privilege().await?.hub_kubeconfig_for(&env, &location).await?;
     let dir = env.dir().join("identity").join(&location);
     let (anchor_old, anchor_new) = (format!("{location}-token-1"), format!("{location}-token-2"));
     let mut cleanup = Cleanup::new(&env);
@@ -572,8 +574,8 @@ async fn a_rotated_token_file_is_picked_up_and_a_revoked_token_only_pauses_write
 
     // The token file as a kubelet mounts it, named by the kubeconfig's `tokenFile:`.
     let (old_token, new_token) = (
-        bound_token(&env, &anchor_old).await,
-        bound_token(&env, &anchor_new).await,
+        bound_token(&env, &location, &anchor_old).await,
+        bound_token(&env, &location, &anchor_new).await,
     );
     assert_eq!(status_with_token(&env, &old_token).await, 200);
     let tokens = dir.join("token");

@@ -31,9 +31,9 @@ fn rules_file() -> PathBuf {
     paths::workspace_root().join("config/components/vpcattachments/cell/rules.yaml")
 }
 
-/// The CRD in cell-a and on the hub, and an identity composed of the shipped roles and the
-/// VPCAttachment components (removed by `teardown`).
-async fn vpc_attachments_added(env: &Environment, teardown: &mut Teardown) -> ComposedIdentity {
+/// The CRD in cell-a and on the hub, and an identity of `location` composed of the shipped roles
+/// and the VPCAttachment components (removed by `teardown`).
+async fn vpc_attachments_added(env: &Environment, teardown: &mut Teardown, location: &str) -> ComposedIdentity {
     fixtures::ensure_crds(env, &[HUB, CELL_A], &fixtures::testdata("vpcattachments-crd.yaml"))
         .await
         .unwrap();
@@ -41,6 +41,7 @@ async fn vpc_attachments_added(env: &Environment, teardown: &mut Teardown) -> Co
         env,
         &IdentitySpec {
             name: &unique("vpca"),
+            location,
             cell: CELL_A,
             cell_components: &["components/vpcattachments/cell"],
             hub_components: &["components/vpcattachments/hub"],
@@ -84,7 +85,7 @@ async fn vpc_attachments_added_by_configuration_are_mirrored_updated_repaired_an
     let mut teardown = Teardown::new(&env);
     teardown.namespace(&[HUB, CELL_A], &ns);
     teardown.lease(&format!("replicator-{loc}"));
-    let identity = vpc_attachments_added(&env, &mut teardown).await;
+    let identity = vpc_attachments_added(&env, &mut teardown, &loc).await;
     fixtures::namespace_routed_to(&env, &[HUB, CELL_A], &ns, "cluster-acme", "web").await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let va = fixtures::vpc_attachment_resource();
@@ -238,7 +239,7 @@ async fn tenants_with_same_named_sources_stay_in_their_own_projects() -> TestRes
     for (ns, ..) in &tenants {
         teardown.namespace(&[HUB, CELL_A], ns);
     }
-    let identity = vpc_attachments_added(&env, &mut teardown).await;
+    let identity = vpc_attachments_added(&env, &mut teardown, &loc).await;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let (va, ni) = (
         fixtures::vpc_attachment_resource(),

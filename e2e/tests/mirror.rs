@@ -764,7 +764,8 @@ async fn a_missing_hub_kubeconfig_is_waited_for_not_ready() -> TestResult {
     })
     .await?;
     assert!(r.try_exit_status()?.is_none(), "the process waits instead of exiting");
-    std::fs::copy(env.least_privilege().await?.hub_kubeconfig(), &late)?;
+    let identity = env.least_privilege().await?.hub_kubeconfig_for(&env, &loc).await?;
+    std::fs::copy(identity, &late)?;
     r.wait_ready(Duration::from_secs(60)).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let net = fixtures::resource("networks")?;

@@ -36,11 +36,15 @@ async fn a_replicator_that_exits_fails_wait_ready_fast_with_its_log() -> anyhow:
     ensure!(status.code() == Some(3), "exit status {status}");
 
     let log = std::fs::read_to_string(replicator.log_path())?;
-    // By default the process runs as the least-privilege service accounts, never as admin.
+    // By default the process runs as the least-privilege service accounts, never as admin: on
+    // the hub as its location's identity, replicator-west.
     let ids = env.least_privilege().await?;
     let expected = [
         format!("--cell-kubeconfig {}", ids.cell_kubeconfig(CELL_B)?.display()),
-        format!("--hub-kubeconfig {}", ids.hub_kubeconfig().display()),
+        format!(
+            "--hub-kubeconfig {}",
+            ids.hub_kubeconfig_for(&env, "west").await?.display()
+        ),
         "--metrics-bind-address 127.0.0.1:".to_owned(),
         "--health-probe-bind-address 127.0.0.1:".to_owned(),
         "--resync-period 5s".to_owned(),

@@ -337,6 +337,7 @@ async fn a_kind_whose_cell_watch_never_listed_is_not_swept() -> TestResult {
         &env,
         &IdentitySpec {
             name: &unique("nolist"),
+            location: &loc,
             cell: CELL_A,
             cell_components: &[],
             hub_components: &[],

@@ -469,7 +469,7 @@ pub async fn run_count(
     let identities = env.least_privilege().await?;
     let mut relays = Vec::new();
     for cell in Cluster::CELLS {
-        relays.push(spawn_relay(env, options, cell, &identities)?);
+        relays.push(spawn_relay(env, options, cell, &identities).await?);
     }
     let present = relay_recorder
         .wait_present(objects, options.timeout)
@@ -822,8 +822,8 @@ pub(crate) async fn spawn_pair(
 }
 
 /// Starts `replicator-bench relay` for `cell` with the replicator's least-privilege
-/// `identities`, logging to `logs/relay-<location>.log`.
-fn spawn_relay(
+/// `identities` (the hub identity of its location), logging to `logs/relay-<location>.log`.
+async fn spawn_relay(
     env: &Environment,
     options: &Options,
     cell: Cluster,
@@ -833,6 +833,7 @@ fn spawn_relay(
     let logs = env.logs_dir();
     std::fs::create_dir_all(&logs)?;
     let log = std::fs::File::create(logs.join(format!("relay-{location}.log")))?;
+    let hub_kubeconfig = identities.hub_kubeconfig_for(env, &location).await?;
     let child = tokio::process::Command::new(&options.relay_bin)
         .arg("relay")
         .arg("--location")
@@ -840,7 +841,7 @@ fn spawn_relay(
         .arg("--cell-kubeconfig")
         .arg(identities.cell_kubeconfig(cell)?)
         .arg("--hub-kubeconfig")
-        .arg(identities.hub_kubeconfig())
+        .arg(hub_kubeconfig)
         .arg("--workers")
         .arg(options.workers.to_string())
         .arg("--source-label")
