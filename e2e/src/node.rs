@@ -828,18 +828,23 @@ pub(crate) fn nodes_owner() -> Option<PathBuf> {
         .filter(|dir| !dir.as_os_str().is_empty())
 }
 
-/// Fails when another environment's nodes hold the host and that environment is still recorded
-/// as running (its `state.json` exists); forgets an owner whose environment is gone.
+/// Fails when another environment's nodes hold the host and that environment is running: its
+/// `state.json` records a process that is still alive (same pid and start time). Forgets an
+/// owner whose environment is gone, and one whose state file outlived its processes (a machine
+/// restored from a snapshot of a running environment, a reboot, a SIGKILLed harness): nothing
+/// runs there, so this environment's teardown may clean the host.
 pub(crate) fn check_nodes_free(state_dir: &Path) -> Result<()> {
     if let Some(owner) = nodes_owner().filter(|owner| owner != state_dir) {
-        if owner.join("state.json").is_file() {
+        let running = crate::state::State::running_in(&owner);
+        if !running.is_empty() {
             return Err(Error::Config(format!(
-                "the cells' kubelets, cgroups, bridges and NAT rules are one per machine, and the environment at {} holds them: stop it first (replicator-env --dir {} down)",
+                "the cells' kubelets, cgroups, bridges and NAT rules are one per machine, and the environment at {} holds them ({} running): stop it first (replicator-env --dir {} down)",
                 owner.display(),
+                running.join(", "),
                 owner.display()
             )));
         }
-        tracing::info!(owner = %owner.display(), "the environment that held the cells' nodes is gone; taking them over");
+        tracing::info!(owner = %owner.display(), "the environment that held the cells' nodes runs no process; taking them over");
         std::fs::remove_file(NODES_OWNER).map_err(io_context(format!("removing {NODES_OWNER}")))?;
     }
     Ok(())

@@ -161,6 +161,23 @@ impl State {
         }
     }
 
+    /// The names of the processes the state file in `dir` records that are still running (same
+    /// pid and start time); empty when there is no readable state file or none of them runs.
+    pub fn running_in(dir: &Path) -> Vec<String> {
+        State::load(dir)
+            .ok()
+            .flatten()
+            .map(|state| {
+                state
+                    .processes()
+                    .into_iter()
+                    .filter(|(_, process)| process.is_alive())
+                    .map(|(name, _)| name)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Every recorded process with a human-readable name, in shutdown order (the cells' nodes,
     /// kubelet first and containerd last; the daemons in reverse start order; apiservers;
     /// etcd).
@@ -203,6 +220,22 @@ mod tests {
         let state = State::new(Ports::default(), Binaries::expected(), "token".to_owned());
         state.save(&dir)?;
         assert_eq!(State::load(&dir)?, Some(state));
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_state_file_whose_processes_are_gone_records_nothing_running() -> anyhow::Result<()> {
+        let dir = std::env::temp_dir().join(format!("replicator-e2e-running-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        assert!(State::running_in(&dir).is_empty(), "no state file");
+        let sleep = crate::process::spawn_detached(Path::new("/bin/sleep"), &["600".into()], &dir.join("sleep.log"))?;
+        let mut state = State::new(Ports::default(), Binaries::expected(), "token".to_owned());
+        state.etcd = Some(sleep.clone());
+        state.save(&dir)?;
+        assert_eq!(State::running_in(&dir), vec!["etcd".to_owned()]);
+        sleep.terminate("sleep", std::time::Duration::from_secs(5)).await?;
+        assert!(State::running_in(&dir).is_empty(), "the recorded etcd has exited");
         std::fs::remove_dir_all(&dir)?;
         Ok(())
     }
