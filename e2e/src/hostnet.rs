@@ -103,6 +103,10 @@ pub async fn ensure_nat_rule(rule: &[String]) -> Result<()> {
 /// iptables and ip6tables). Returns what it removed, for the log.
 pub async fn remove_rules_and_kubelet_chains() -> Result<Vec<String>> {
     let mut removed = Vec::new();
+    if !iptables_installed() {
+        // Rules are only ever added with iptables: a host without it holds none of ours.
+        return Ok(removed);
+    }
     let listing = run(Command::new("iptables").args(["-w", "-t", "nat", "-S"])).await?;
     for line in String::from_utf8_lossy(&listing.stdout).lines() {
         if !line.contains(RULE_COMMENT) {
@@ -147,6 +151,9 @@ pub async fn remove_rules_and_kubelet_chains() -> Result<Vec<String>> {
 /// leftover check after teardown).
 pub async fn rules_and_kubelet_chains() -> Result<Vec<String>> {
     let mut found = Vec::new();
+    if !iptables_installed() {
+        return Ok(found);
+    }
     let listing = run(Command::new("iptables").args(["-w", "-t", "nat", "-S"])).await?;
     found.extend(
         String::from_utf8_lossy(&listing.stdout)
@@ -168,6 +175,12 @@ pub async fn rules_and_kubelet_chains() -> Result<Vec<String>> {
         }
     }
     Ok(found)
+}
+
+/// Whether `iptables` is on `PATH`: a fresh host before `install-host-packages.sh` has none, and
+/// then neither the harness nor a kubelet can have added a rule.
+fn iptables_installed() -> bool {
+    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("iptables").is_file()))
 }
 
 /// The chains a kubelet creates on start (its iptables utility and canary chains).
