@@ -49,8 +49,8 @@ pub const MEMBERSHIP_DEPLOYMENT: &str = "replicator-membership";
 pub const HUB_SECRET: &str = "karmada-hub-kubeconfig";
 /// The key of [`HUB_SECRET`] that holds the kubeconfig.
 pub const HUB_SECRET_KEY: &str = "kubeconfig";
-/// The hub service account of `replicator run` (`config/rbac/hub`), also the cell's.
-pub const RUN_SERVICE_ACCOUNT: &str = "replicator";
+/// The service account of `replicator run` in a cell (`config/cell`).
+pub const CELL_SERVICE_ACCOUNT: &str = "replicator";
 /// The hub service account of `replicator membership` (`config/rbac/hub`).
 pub const MEMBERSHIP_SERVICE_ACCOUNT: &str = "replicator-membership";
 /// Every pod of the product (`replicator run` and `replicator membership`).
@@ -240,13 +240,94 @@ pub async fn apply(env: &Environment, cluster: Cluster, dir: &Path) -> Result<St
     .await
 }
 
-/// `config/rbac/hub` on the hub (the hub service accounts and their roles, the Leases'
-/// namespace), as the README's second step.
+/// `config/rbac/hub` on the hub (the roles of every location's identity, membership's service
+/// account and roles, the admission policies, the Leases' namespace), as the README's second
+/// step. A scenario uses [`apply_hub_rbac_for`], which also makes the locations' identities and
+/// has its [`Teardown`] remove them.
 ///
 /// # Errors
 /// As [`apply`].
 pub async fn apply_hub_rbac(env: &Environment) -> Result<()> {
     apply(env, Cluster::Hub, &config_dir("rbac/hub")).await.map(drop)
+}
+
+/// The hub service account of `replicator run` for `location`, in [`SYSTEM_NAMESPACE`]:
+/// `replicator-<location>` (`config/overlays/<location>/hub`). A cell's Secret [`HUB_SECRET`]
+/// holds a token of it.
+pub fn run_service_account(location: &str) -> String {
+    rbac::hub_service_account(location)
+}
+
+/// The hub identity of `location` as an operator makes it: `config/overlays/<location>/hub` for a
+/// location the repository ships (dfw, sjc); for another, the same thing made the way that
+/// overlay's comment says (`config/rbac/hub/location` with `nameSuffix: -<location>`), written
+/// to `<target>/deploy/hub-<location>/kustomization.yaml`. Returns the kustomization directory
+/// and whether it was written here.
+///
+/// # Errors
+/// A location that cannot name an identity, or a file that cannot be written.
+pub fn hub_identity_overlay(location: &str) -> Result<(PathBuf, bool)> {
+    rbac::validate_location(location)?;
+    let shipped = config_dir("overlays").join(location).join("hub");
+    if shipped.join("kustomization.yaml").is_file() {
+        return Ok((shipped, false));
+    }
+    let dir = deploy_dir().join(format!("hub-{location}"));
+    std::fs::create_dir_all(&dir).map_err(io_context(format!("creating {}", dir.display())))?;
+    let text = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnameSuffix: -{location}\nresources:\n- {}\n",
+        relative(&dir, &config_dir("rbac/hub/location")).display()
+    );
+    let file = dir.join("kustomization.yaml");
+    std::fs::write(&file, text).map_err(io_context(format!("writing {}", file.display())))?;
+    Ok((dir, true))
+}
+
+/// The README's hub steps for `locations`: `config/rbac/hub` ([`apply_hub_rbac`]), then each
+/// location's identity ([`hub_identity_overlay`]: service account `replicator-<location>` of
+/// [`SYSTEM_NAMESPACE`] and its bindings). `teardown` removes the identities (`kubectl delete -k`
+/// of each) and the admission policies of `config/rbac/hub` under their shipped names; the
+/// harness's own (`-e2e`, [`crate::rbac`]) are never touched.
+///
+/// # Errors
+/// As [`apply`] and [`hub_identity_overlay`].
+pub async fn apply_hub_rbac_for(env: &Environment, teardown: &mut Teardown, locations: &[&str]) -> Result<()> {
+    teardown.hub_policies = true;
+    apply_hub_rbac(env).await?;
+    for location in locations {
+        let (dir, written) = hub_identity_overlay(location)?;
+        if written {
+            teardown.path(&dir);
+        }
+        teardown.hub_identities.push(dir.clone());
+        apply(env, Cluster::Hub, &dir).await?;
+    }
+    Ok(())
+}
+
+/// The admission policies (and their bindings) `config/rbac/hub` holds, as `kind/name` under
+/// their shipped names: what [`Teardown`] removes after [`apply_hub_rbac_for`].
+///
+/// # Errors
+/// When `kubectl kustomize` fails or its output does not parse.
+pub async fn shipped_admission_policies(env: &Environment) -> Result<Vec<String>> {
+    let yaml = env
+        .kubectl_ok(
+            Cluster::Hub,
+            [OsString::from("kustomize"), config_dir("rbac/hub").into_os_string()],
+        )
+        .await?;
+    let objects = serde_saphyr::from_multiple::<serde_json::Value>(&yaml)
+        .map_err(|e| Error::Config(format!("parsing the render of config/rbac/hub: {e}")))?;
+    Ok(objects
+        .iter()
+        .filter_map(|o| {
+            let kind = o["kind"].as_str()?;
+            let name = o["metadata"]["name"].as_str()?;
+            matches!(kind, "ValidatingAdmissionPolicy" | "ValidatingAdmissionPolicyBinding")
+                .then(|| format!("{}.admissionregistration.k8s.io/{name}", kind.to_ascii_lowercase()))
+        })
+        .collect())
 }
 
 /// Writes to `path` a hub kubeconfig for pods: the hub as a pod dials it
@@ -732,6 +813,10 @@ where
 /// leader releases its Lease), the scenario's namespaces (waited for), the copies its locations
 /// published on the hub since [`Teardown::new`] (elsewhere too: a deployed replicator mirrors
 /// the whole cell), the locations' Leases (deployed or bare), and its files under `<target>/deploy`.
+/// After [`apply_hub_rbac_for`], the locations' hub identities (`replicator-<location>` of
+/// `replicator-system`, with their bindings) go once the pods are gone, and the admission
+/// policies of `config/rbac/hub` under their shipped names go last; the harness's identities and
+/// policies ([`crate::rbac`], namespace `replicator-e2e`, `-e2e` names) are never touched.
 ///
 /// Run it with [`Teardown::finish`] to see errors; a panicking scenario runs it on drop.
 #[derive(Debug)]
@@ -743,6 +828,8 @@ pub struct Teardown {
     locations: Vec<String>,
     kept_copies: BTreeSet<String>,
     paths: Vec<PathBuf>,
+    hub_identities: Vec<PathBuf>,
+    hub_policies: bool,
     armed: bool,
 }
 
@@ -768,6 +855,8 @@ impl Teardown {
             locations: locations.iter().map(|l| (*l).to_owned()).collect(),
             kept_copies,
             paths: Vec::new(),
+            hub_identities: Vec::new(),
+            hub_policies: false,
             armed: true,
         })
     }
@@ -844,6 +933,26 @@ impl Teardown {
             note(wait_namespace_gone(env, *cluster, name).await);
         }
         note(self.remove_copies_and_leases(env).await);
+        // The hub identities once their pods are gone (a stopping leader releases its Lease as
+        // that identity).
+        for dir in self.hub_identities.iter().rev() {
+            note(
+                env.kubectl_ok(
+                    Cluster::Hub,
+                    [
+                        OsString::from("delete"),
+                        "--ignore-not-found".into(),
+                        "-k".into(),
+                        dir.as_os_str().to_owned(),
+                    ],
+                )
+                .await
+                .map(drop),
+            );
+        }
+        if self.hub_policies {
+            note(remove_shipped_admission_policies(env).await);
+        }
         for path in &self.paths {
             let removed = if path.is_dir() {
                 std::fs::remove_dir_all(path)
@@ -919,6 +1028,8 @@ impl Drop for Teardown {
             locations: std::mem::take(&mut self.locations),
             kept_copies: std::mem::take(&mut self.kept_copies),
             paths: std::mem::take(&mut self.paths),
+            hub_identities: std::mem::take(&mut self.hub_identities),
+            hub_policies: self.hub_policies,
             armed: false,
         };
         // Drop cannot await: a thread with a runtime of its own does the work.
@@ -939,6 +1050,23 @@ impl Drop for Teardown {
             Err(_) => eprintln!("tearing the deployment down panicked"),
         }
     }
+}
+
+/// Deletes the admission policies of `config/rbac/hub` under their shipped names (never the
+/// harness's `-e2e` ones, which the bare processes of other scenarios run under).
+async fn remove_shipped_admission_policies(env: &Environment) -> Result<()> {
+    let names = shipped_admission_policies(env).await?;
+    if names.iter().any(|n| n.ends_with(&format!("-{}", rbac::NAME_SUFFIX))) {
+        return Err(Error::Config(format!(
+            "config/rbac/hub names an admission policy like the harness's own: {names:?}"
+        )));
+    }
+    if names.is_empty() {
+        return Ok(());
+    }
+    let mut args: Vec<OsString> = vec!["delete".into(), "--ignore-not-found".into()];
+    args.extend(names.into_iter().map(OsString::from));
+    env.kubectl_ok(Cluster::Hub, args).await.map(drop)
 }
 
 /// Every copy `location` holds on the hub, of every default rule's kind (metadata only).

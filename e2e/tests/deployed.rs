@@ -135,10 +135,10 @@ async fn deploy_location(
     let overlay = deploy::write_overlay(location, Base::NewLocation(location), &image()?)?;
     teardown.path(&overlay);
     teardown.applied(cell, &overlay);
-    deploy::apply_hub_rbac(env).await?;
+    deploy::apply_hub_rbac_for(env, teardown, &[location]).await?;
     deploy::apply(env, cell, &overlay).await?;
     let kubeconfig = overlay.join("hub.kubeconfig");
-    deploy::write_hub_kubeconfig(env, deploy::RUN_SERVICE_ACCOUNT, &kubeconfig).await?;
+    deploy::write_hub_kubeconfig(env, &deploy::run_service_account(location), &kubeconfig).await?;
     deploy::create_secret(env, cell, HUB_SECRET, &kubeconfig).await?;
     let client = env.client(cell).await?;
     let pods = deploy::wait_pods_ready(&client, CELL_SELECTOR, 2, PODS_READY).await?;
@@ -203,7 +203,7 @@ async fn pods_wait_for_the_secret_then_lead() -> TestResult {
     let overlay = deploy::write_overlay(&location, Base::NewLocation(&location), &image()?)?;
     teardown.path(&overlay);
     teardown.applied(cell, &overlay);
-    deploy::apply_hub_rbac(&env).await?;
+    deploy::apply_hub_rbac_for(&env, &mut teardown, &[&location]).await?;
     deploy::apply(&env, cell, &overlay).await?;
     let applied = Instant::now();
 
@@ -251,9 +251,10 @@ async fn pods_wait_for_the_secret_then_lead() -> TestResult {
         secs(applied.elapsed())
     );
 
-    // The Secret, as the README makes it: a token of the hub's `replicator` service account.
+    // The Secret, as the README makes it: a token of the location's hub service account,
+    // replicator-<location>.
     let kubeconfig = overlay.join("hub.kubeconfig");
-    deploy::write_hub_kubeconfig(&env, deploy::RUN_SERVICE_ACCOUNT, &kubeconfig).await?;
+    deploy::write_hub_kubeconfig(&env, &deploy::run_service_account(&location), &kubeconfig).await?;
     deploy::create_secret(&env, cell, HUB_SECRET, &kubeconfig).await?;
     let secret_at = applied.elapsed();
     let pods = deploy::wait_pods_ready(&client, CELL_SELECTOR, 2, PODS_READY).await?;
@@ -307,7 +308,10 @@ async fn pods_wait_for_the_secret_then_lead() -> TestResult {
             ],
         )
         .await?;
-    assert_eq!(whoami, "system:serviceaccount:replicator-system:replicator");
+    assert_eq!(
+        whoami,
+        format!("system:serviceaccount:replicator-system:replicator-{location}")
+    );
 
     // Sources in the cell reach the hub within seconds.
     teardown.namespace(HUB, &ns);
@@ -964,7 +968,7 @@ async fn readme_deploy_both_cells_and_membership() -> TestResult {
     // The README's order: CRDs and RBAC on the hub, membership on the hub's host (cell-b here),
     // then per cell the CRDs, the overlay and the Secret it mounts.
     deploy::apply(&env, HUB, &deploy::config_dir("crds")).await?;
-    deploy::apply_hub_rbac(&env).await?;
+    deploy::apply_hub_rbac_for(&env, &mut teardown, &["dfw", "sjc"]).await?;
     let membership = deploy::write_overlay("membership", Base::Membership, &image)?;
     teardown.path(&membership);
     teardown.applied(CELL_B, &membership);
@@ -979,7 +983,7 @@ async fn readme_deploy_both_cells_and_membership() -> TestResult {
         teardown.applied(cell, &overlay);
         deploy::apply(&env, cell, &overlay).await?;
         let kubeconfig = overlay.join("hub.kubeconfig");
-        deploy::write_hub_kubeconfig(&env, deploy::RUN_SERVICE_ACCOUNT, &kubeconfig).await?;
+        deploy::write_hub_kubeconfig(&env, &deploy::run_service_account(location), &kubeconfig).await?;
         deploy::create_secret(&env, cell, HUB_SECRET, &kubeconfig).await?;
     }
     for (cell, location, _) in sites {
@@ -1115,7 +1119,7 @@ async fn bad_hub_secret_keeps_pods_unready_until_fixed() -> TestResult {
             name: "wrong server",
             server: format!("https://{host}:{closed_port}"),
             token: env
-                .service_account_token(HUB, SYSTEM_NAMESPACE, deploy::RUN_SERVICE_ACCOUNT, "1h")
+                .service_account_token(HUB, SYSTEM_NAMESPACE, &deploy::run_service_account(&location), "1h")
                 .await?,
             class: "unreachable",
             reason: "Connection refused",

@@ -14,15 +14,20 @@
 //!   forbidden error;
 //! - every `replicator_*` metric the alerts and the dashboard name is one the code registers;
 //! - deployed for real as the README says (`kubectl apply --server-side -k`: `crds` to the hub
-//!   and both cells, `overlays/dfw` to cell-a, `overlays/sjc` to cell-b, `rbac/hub`, `hub` and
-//!   `monitoring` to the hub, plus the hub kubeconfig Secrets with real tokens), every object is
-//!   live as rendered; then it is all removed again (the CRDs excepted: the harness owns them).
+//!   and both cells, `overlays/dfw` to cell-a, `overlays/sjc` to cell-b, `rbac/hub`,
+//!   `overlays/dfw/hub`, `overlays/sjc/hub`, `hub` and `monitoring` to the hub, plus the hub
+//!   kubeconfig Secrets with real tokens of `replicator-dfw`, `replicator-sjc` and
+//!   `replicator-membership`), every object is live as rendered; then it is all removed again
+//!   (the CRDs excepted: the harness owns them).
 //!
-//! Everything but the real deployment lands in namespaces and under names of its own
-//! (`nameSuffix`), so the shared environment and concurrent scenarios are not disturbed;
-//! cluster-scoped objects are removed at the end. The real deployment uses the shipped names
-//! (`replicator-system`, `replicator-cell`, ...), which nothing else in the suite uses: the
-//! harness's own least-privilege identities are suffixed `-e2e` (see `replicator_e2e::rbac`).
+//! Everything but the real deployment lands in namespaces and under names of its own, so the
+//! shared environment and concurrent scenarios are not disturbed; cluster-scoped objects are
+//! removed at the end. The hub's service accounts keep their shipped names there too
+//! (`replicator-<location>` with a location of the test's own, `replicator-membership`): the hub's
+//! admission policies recognise an identity by its account name, and the processes this test
+//! runs must pass them. The real deployment uses the shipped names (`replicator-system`,
+//! `replicator-cell`, `replicator-location`, ...), which nothing else in the suite uses: the
+//! harness's own cluster-scoped objects are suffixed `-e2e` (see `replicator_e2e::rbac`).
 
 // In a test a panic is the failure report, with the value that broke the expectation.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -60,15 +65,18 @@ use serde_json::{Value, json};
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// Every kustomization under `config/` and the cluster its dry run goes to.
-const KUSTOMIZATIONS: [(&str, Cluster); 8] = [
+const KUSTOMIZATIONS: [(&str, Cluster); 11] = [
     ("cell", CELL_A),
     ("crds", HUB),
     ("hub", HUB),
     ("monitoring", HUB),
     ("overlays/dfw", CELL_A),
+    ("overlays/dfw/hub", HUB),
     ("overlays/sjc", CELL_A),
+    ("overlays/sjc/hub", HUB),
     ("rbac/cell", CELL_A),
     ("rbac/hub", HUB),
+    ("rbac/hub/location", HUB),
 ];
 
 const NET: &str = "networking.datumapis.com";
@@ -658,13 +666,99 @@ async fn rendered_manifests_keep_the_deployment_contract() -> TestResult {
         granted(find(&rbac, "ClusterRole", "replicator-membership")),
         triples(MEMBERSHIP_RULES)
     );
-    check_binding(&rbac, "replicator-hub", "replicator", "replicator-system");
+    // `replicator run` has no shared hub account: each location's overlay binds the roles.
+    assert!(
+        !rbac
+            .iter()
+            .any(|o| o["kind"] == "ServiceAccount" && o["metadata"]["name"] == "replicator"),
+        "no shared hub account replicator"
+    );
+    assert!(
+        !rbac
+            .iter()
+            .any(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("Binding"))
+                && matches!(
+                    o["roleRef"]["name"].as_str(),
+                    Some("replicator-hub" | "replicator-lease")
+                )),
+        "config/rbac/hub binds replicator run's roles to nobody"
+    );
     check_binding(
         &rbac,
         "replicator-membership",
         "replicator-membership",
         "replicator-system",
     );
+    // A location's Lease: the namespaced Role every location's identity is bound to.
+    assert_eq!(
+        find(&rbac, "Role", "replicator-lease")["rules"],
+        json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                "verbs": ["get", "list", "watch", "create", "patch"]}])
+    );
+    // Each location's identity (config/overlays/<location>/hub, on config/rbac/hub/location):
+    // replicator-<location> of replicator-system bound to both roles, and nothing else.
+    for location in ["dfw", "sjc"] {
+        let o = render(if location == "dfw" {
+            "overlays/dfw/hub"
+        } else {
+            "overlays/sjc/hub"
+        })
+        .await;
+        let account = format!("replicator-{location}");
+        let made: BTreeSet<(String, String)> = o
+            .iter()
+            .map(|o| {
+                (
+                    o["kind"].as_str().unwrap().to_owned(),
+                    o["metadata"]["name"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            made,
+            BTreeSet::from([
+                ("ServiceAccount".to_owned(), account.clone()),
+                ("ClusterRoleBinding".to_owned(), format!("replicator-hub-{location}")),
+                ("RoleBinding".to_owned(), format!("replicator-lease-{location}")),
+            ]),
+            "{location}: the identity and its two bindings"
+        );
+        let subject = json!([{"kind": "ServiceAccount", "name": account, "namespace": "replicator-system"}]);
+        assert_eq!(
+            find(&o, "ServiceAccount", &account)["metadata"]["namespace"],
+            "replicator-system"
+        );
+        for (binding, role_kind, role) in [
+            (format!("replicator-hub-{location}"), "ClusterRole", "replicator-hub"),
+            (format!("replicator-lease-{location}"), "Role", "replicator-lease"),
+        ] {
+            let kind = if role_kind == "ClusterRole" {
+                "ClusterRoleBinding"
+            } else {
+                "RoleBinding"
+            };
+            let b = find(&o, kind, &binding);
+            assert_eq!(
+                b["roleRef"],
+                json!({"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role}),
+                "{binding}"
+            );
+            // The role it names is the one config/rbac/hub ships.
+            find(&rbac, role_kind, role);
+            assert_eq!(b["subjects"], subject, "{binding}");
+            if kind == "RoleBinding" {
+                assert_eq!(b["metadata"]["namespace"], "replicator-system", "{binding}");
+            }
+        }
+    }
+    // The admission policies: both bound, denying, failing closed.
+    for policy in ["replicator-location", "replicator-membership"] {
+        let vap = find(&rbac, "ValidatingAdmissionPolicy", policy);
+        assert_eq!(vap["spec"]["failurePolicy"], "Fail", "{policy}");
+        let binding = find(&rbac, "ValidatingAdmissionPolicyBinding", policy);
+        assert_eq!(binding["spec"]["policyName"], vap["metadata"]["name"], "{policy}");
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]), "{policy}");
+    }
     // Membership's Lease: a namespaced Role of its own, bound to its account only.
     let lease_role = find(&rbac, "Role", "replicator-membership-lease");
     assert_eq!(
@@ -876,18 +970,44 @@ impl Drop for Cleanup {
     }
 }
 
-/// The RBAC of `config/rbac/{cell,hub}` applied for real, in namespace `ns`, names suffixed.
+/// The RBAC of `config/rbac/{cell,hub}` applied for real, in namespace `ns`: the cell's with
+/// every name suffixed; the hub's as the harness renders it (`replicator_e2e::rbac::render_hub`:
+/// cluster-scoped names suffixed, the service accounts as shipped) plus the identity of a
+/// location of the test's own (`config/rbac/hub/location` with `nameSuffix: -<location>`,
+/// account `replicator-<location>`), so that the hub's admission policies take the accounts for
+/// what they are.
 struct AppliedRbac {
     suffix: String,
+    location: String,
     cell: Vec<Value>,
     hub: Vec<Value>,
 }
 
 impl AppliedRbac {
     /// Applies both; `cleanup` deletes them again.
-    async fn apply(env: &Environment, scratch: &Scratch, ns: &str, suffix: &str, cleanup: &mut Cleanup) -> AppliedRbac {
+    async fn apply(
+        env: &Environment,
+        scratch: &Scratch,
+        ns: &str,
+        suffix: &str,
+        location: &str,
+        cleanup: &mut Cleanup,
+    ) -> AppliedRbac {
         let (cell_file, cell) = render_isolated(env, scratch, "rbac/cell", ns, suffix, true).await;
-        let (hub_file, hub) = render_isolated(env, scratch, "rbac/hub", ns, suffix, true).await;
+        let hub_yaml = rbac::render_hub(env, &scratch.0, ns, suffix)
+            .await
+            .unwrap_or_else(|e| panic!("rendering rbac/hub: {e}"));
+        let mut hub = objects(&hub_yaml);
+        let identity = rbac::render_location_identity(env, &scratch.0, location, ns, suffix)
+            .await
+            .unwrap_or_else(|e| panic!("rendering rbac/hub/location for {location}: {e}"));
+        hub.extend(identity);
+        let hub_file = scratch.path("rbac-hub.json");
+        std::fs::write(
+            &hub_file,
+            json!({"apiVersion": "v1", "kind": "List", "items": hub}).to_string(),
+        )
+        .unwrap();
         for (cluster, file) in [(CELL_A, &cell_file), (HUB, &hub_file)] {
             // Cluster-scoped objects outlive the namespace: remember them before they exist.
             cleanup.add(env, cluster, &["-f".as_ref(), file.as_os_str()]);
@@ -901,16 +1021,30 @@ impl AppliedRbac {
         }
         AppliedRbac {
             suffix: suffix.to_owned(),
+            location: location.to_owned(),
             cell,
             hub,
         }
     }
 
-    fn sa(&self, cluster: Cluster, base: &str) -> String {
-        let objects = if cluster == HUB { &self.hub } else { &self.cell };
-        let name = format!("{base}-{}", self.suffix);
-        find(objects, "ServiceAccount", &name);
+    /// The cell account of `replicator run` (`replicator-<suffix>`).
+    fn cell_sa(&self) -> String {
+        let name = format!("replicator-{}", self.suffix);
+        find(&self.cell, "ServiceAccount", &name);
         name
+    }
+
+    /// The hub account of `replicator run` (`replicator-<location>`).
+    fn hub_sa(&self) -> String {
+        let name = rbac::hub_service_account(&self.location);
+        find(&self.hub, "ServiceAccount", &name);
+        name
+    }
+
+    /// The hub account of `replicator membership`, as shipped.
+    fn membership_sa(&self) -> String {
+        find(&self.hub, "ServiceAccount", "replicator-membership");
+        "replicator-membership".to_owned()
     }
 }
 
@@ -919,16 +1053,13 @@ async fn the_roles_grant_exactly_the_verbs_the_code_uses() -> TestResult {
     let env = Environment::ensure_up().await?;
     let ns = unique("rbac");
     let suffix = ns.trim_start_matches("rbac-").to_owned();
+    let location = format!("loc{suffix}");
     fixtures::namespace(&env, &[HUB, CELL_A], &ns, false).await?;
     let scratch = Scratch::new(&ns);
     // Declared after `scratch`, so dropped (and run) before its files are removed.
     let mut cleanup = Cleanup::new(&env);
-    let rbac = AppliedRbac::apply(&env, &scratch, &ns, &suffix, &mut cleanup).await;
-    let (cell_sa, hub_sa, membership_sa) = (
-        rbac.sa(CELL_A, "replicator"),
-        rbac.sa(HUB, "replicator"),
-        rbac.sa(HUB, "replicator-membership"),
-    );
+    let rbac = AppliedRbac::apply(&env, &scratch, &ns, &suffix, &location, &mut cleanup).await;
+    let (cell_sa, hub_sa, membership_sa) = (rbac.cell_sa(), rbac.hub_sa(), rbac.membership_sa());
 
     // Verb by verb, as the apiserver's authorizer decides.
     check_authorizer(&env, CELL_A, &ns, &cell_sa, CELL_RULES).await;
@@ -1108,11 +1239,15 @@ async fn the_roles_grant_exactly_the_verbs_the_code_uses() -> TestResult {
         }]),
     };
     bindings.create(&PostParams::default(), &binding).await?;
+    // A copy as the location's identity writes one (the hub's admission policy lets
+    // replicator-<location> write nothing else).
     let network = scratch.path("network.yaml");
     std::fs::write(
         &network,
         serde_json::to_string(&json!({"apiVersion": format!("{NET}/v1alpha"), "kind": "Network",
-            "metadata": {"name": "applied", "namespace": ns}, "spec": {"mtu": 1460}}))?,
+            "metadata": {"name": format!("applied-{location}"), "namespace": ns,
+                         "labels": {replicator::rules::LOCATION_LABEL: location}},
+            "spec": {"mtu": 1460}}))?,
     )?;
     let apply_as = |sa: String| {
         let (env, network, ns) = (&env, &network, &ns);
@@ -1439,7 +1574,7 @@ async fn replicator_runs_with_the_rendered_arguments_and_only_the_rendered_rbac(
     let scratch = Scratch::new(&ns);
     // Declared after `scratch`, so dropped (and run) before its files are removed.
     let mut cleanup = Cleanup::new(&env);
-    let rbac = AppliedRbac::apply(&env, &scratch, &ns, &suffix, &mut cleanup).await;
+    let rbac = AppliedRbac::apply(&env, &scratch, &ns, &suffix, &location, &mut cleanup).await;
     // Leave nothing for later scenarios' replicators to mirror, and take this location's copies
     // (of every source it saw) off the hub.
     let kinds = "networks.networking.datumapis.com,networkcontexts.networking.datumapis.com,\
@@ -1473,11 +1608,11 @@ async fn replicator_runs_with_the_rendered_arguments_and_only_the_rendered_rbac(
     let cell_kc = scratch.path("cell.kubeconfig");
     let hub_kc = scratch.path("hub.kubeconfig");
     let membership_kc = scratch.path("membership.kubeconfig");
-    let t = token(&env, CELL_A, &ns, &rbac.sa(CELL_A, "replicator")).await;
+    let t = token(&env, CELL_A, &ns, &rbac.cell_sa()).await;
     write_kubeconfig(&env, CELL_A, &t, &cell_kc).await;
-    let t = token(&env, HUB, &ns, &rbac.sa(HUB, "replicator")).await;
+    let t = token(&env, HUB, &ns, &rbac.hub_sa()).await;
     write_kubeconfig(&env, HUB, &t, &hub_kc).await;
-    let t = token(&env, HUB, &ns, &rbac.sa(HUB, "replicator-membership")).await;
+    let t = token(&env, HUB, &ns, &rbac.membership_sa()).await;
     write_kubeconfig(&env, HUB, &t, &membership_kc).await;
 
     let cell_objects = objects(&kustomize(&env, &config_dir().join("overlays/dfw")).await);
@@ -1713,12 +1848,15 @@ async fn replicator_runs_with_the_rendered_arguments_and_only_the_rendered_rbac(
 }
 
 /// Where each kustomization goes when deployed as the README says: `crds` to the hub and every
-/// cell, each overlay to its cell, `rbac/hub`, `hub` and `monitoring` to the hub.
-const DEPLOYED: [(&str, Cluster); 8] = [
+/// cell, each overlay to its cell, `rbac/hub`, each location's hub identity, `hub` and
+/// `monitoring` to the hub.
+const DEPLOYED: [(&str, Cluster); 10] = [
     ("crds", HUB),
     ("crds", CELL_A),
     ("crds", CELL_B),
     ("rbac/hub", HUB),
+    ("overlays/dfw/hub", HUB),
+    ("overlays/sjc/hub", HUB),
     ("hub", HUB),
     ("monitoring", HUB),
     ("overlays/dfw", CELL_A),
@@ -1818,6 +1956,15 @@ async fn assert_live_as_rendered(env: &Environment, scratch: &Scratch, dir: &str
             .iter()
             .find(|o| o["kind"] == want["kind"] && &o["metadata"]["name"] == name)
             .unwrap_or_else(|| panic!("{dir}: {} {name} not live in {cluster}", want["kind"]));
+        // kustomize gives every kind it does not know as cluster-scoped (the admission
+        // policies) the kustomization's namespace; the apiserver drops it.
+        let mut want = want.clone();
+        if got["metadata"].get("namespace").is_none()
+            && let Some(meta) = want["metadata"].as_object_mut()
+        {
+            meta.remove("namespace");
+        }
+        let want = &want;
         assert!(
             replicator::copy::contains(got, want),
             "{dir}: {} {name} in {cluster} differs from the render:\nrendered {want}\nlive {got}",
@@ -1870,7 +2017,8 @@ async fn every_manifest_applies_for_real_as_the_readme_says() -> TestResult {
     };
     let secret_resource = kube::discovery::ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&());
     for (sa, secret_name, clusters) in [
-        ("replicator", "karmada-hub-kubeconfig", vec![CELL_A, CELL_B]),
+        ("replicator-dfw", "karmada-hub-kubeconfig", vec![CELL_A]),
+        ("replicator-sjc", "karmada-hub-kubeconfig", vec![CELL_B]),
         ("replicator-membership", "karmada-hub-kubeconfig-membership", vec![HUB]),
     ] {
         let token = env.service_account_token(HUB, SYSTEM_NAMESPACE, sa, "1h").await?;
@@ -1952,6 +2100,10 @@ async fn every_manifest_applies_for_real_as_the_readme_says() -> TestResult {
         (CELL_B, "clusterrolebinding", "replicator-cell"),
         (HUB, "clusterrole", "replicator-hub"),
         (HUB, "clusterrole", "replicator-membership"),
+        (HUB, "clusterrolebinding", "replicator-hub-dfw"),
+        (HUB, "clusterrolebinding", "replicator-hub-sjc"),
+        (HUB, "validatingadmissionpolicy", "replicator-location"),
+        (HUB, "validatingadmissionpolicybinding", "replicator-membership"),
     ] {
         let out = env.kubectl(cluster, ["get", kind, name]).await?;
         assert!(!out.status.success(), "{kind} {name} left in {cluster}");

@@ -154,7 +154,7 @@ async fn deployed_membership_elects_one_of_two_replicas_and_survives_an_eviction
     // The README's steps for membership: CRDs and RBAC on the hub, `config/hub` on the hub's
     // host, then the Secret it mounts.
     deploy::apply(&env, HUB, &deploy::config_dir("crds")).await?;
-    deploy::apply_hub_rbac(&env).await?;
+    deploy::apply_hub_rbac_for(&env, &mut teardown, &[]).await?;
     let overlay = deploy::write_overlay("membership-ha", Base::Membership, &image)?;
     teardown.path(&overlay);
     teardown.applied(CELL_B, &overlay);

@@ -801,7 +801,7 @@ async fn prometheus_scrapes_the_deployed_product() -> TestResult {
 
     // Deployed as the README says (and as deployed.rs's README scenario does).
     deploy::apply(&env, HUB, &deploy::config_dir("crds")).await?;
-    deploy::apply_hub_rbac(&env).await?;
+    deploy::apply_hub_rbac_for(&env, &mut teardown, &["dfw", "sjc"]).await?;
     let membership = deploy::write_overlay("monitoring-membership", Base::Membership, &image)?;
     teardown.path(&membership);
     teardown.applied(CELL_B, &membership);
@@ -816,7 +816,7 @@ async fn prometheus_scrapes_the_deployed_product() -> TestResult {
         teardown.applied(cell, &overlay);
         deploy::apply(&env, cell, &overlay).await?;
         let kubeconfig = overlay.join("hub.kubeconfig");
-        deploy::write_hub_kubeconfig(&env, deploy::RUN_SERVICE_ACCOUNT, &kubeconfig).await?;
+        deploy::write_hub_kubeconfig(&env, &deploy::run_service_account(location), &kubeconfig).await?;
         deploy::create_secret(&env, cell, HUB_SECRET, &kubeconfig).await?;
     }
     let mut pods = Vec::new();

@@ -352,14 +352,21 @@ struct Deployed {
     cells: Vec<(Cluster, &'static str)>,
 }
 
-/// The README's Deploying steps against the local clusters: hub RBAC; per cell its overlay
-/// pinned to the local image, then the hub kubeconfig Secret; `replicator membership` on cell-b
+/// The README's Deploying steps against the local clusters: hub RBAC and each location's hub
+/// identity (`replicator-<location>`); per cell its overlay pinned to the local image, then the
+/// hub kubeconfig Secret of its location's identity; `replicator membership` on cell-b
 /// (standing in for the hub's host cluster) with its own Secret. Waits until every pod is Ready.
 async fn deploy_as_pods(env: &Environment, cells: &[(Cluster, &'static str)]) -> anyhow::Result<Deployed> {
     let images = env.ensure_images().await?;
     println!("== deploying the product as pods: image {}", images.replicator);
     deploy::apply_hub_rbac(env).await?;
     let mut applied = Vec::new();
+    // Each location's hub identity, replicator-<location> (config/overlays/<location>/hub).
+    for (_, location) in cells {
+        let (dir, _) = deploy::hub_identity_overlay(location)?;
+        deploy::apply(env, HUB, &dir).await?;
+        applied.push((HUB, dir));
+    }
     let secrets = deploy::deploy_dir().join("demo-secrets");
     std::fs::create_dir_all(&secrets)?;
     for (cell, location) in cells {
@@ -370,7 +377,7 @@ async fn deploy_as_pods(env: &Environment, cells: &[(Cluster, &'static str)]) ->
         )?;
         deploy::apply(env, *cell, &dir).await?;
         let kubeconfig = secrets.join(format!("hub-{location}.kubeconfig"));
-        deploy::write_hub_kubeconfig(env, deploy::RUN_SERVICE_ACCOUNT, &kubeconfig).await?;
+        deploy::write_hub_kubeconfig(env, &deploy::run_service_account(location), &kubeconfig).await?;
         deploy::replace_secret(env, *cell, deploy::HUB_SECRET, &kubeconfig).await?;
         println!(
             "   {}: config/overlays/{location} pinned to the image, Secret {} created",
