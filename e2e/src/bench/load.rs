@@ -102,6 +102,14 @@ pub struct Load {
     next_index: AtomicUsize,
     /// Labels every created source carries besides the sequence and run labels.
     source_labels: Vec<(String, String)>,
+    /// The location a mirror publishes the copies of a cell's sources under, from the cell's
+    /// (the cell's own for the replicator; [`super::relay::hub_location`] for the relay).
+    copy_location: fn(&str) -> String,
+}
+
+/// The replicator's copies: published under the cell's own location.
+fn cell_location(location: &str) -> String {
+    location.to_owned()
 }
 
 fn lock(m: &Mutex<Population>) -> MutexGuard<'_, Population> {
@@ -135,6 +143,7 @@ impl Load {
             seq: AtomicU64::new(1),
             next_index: AtomicUsize::new(0),
             source_labels: Vec::new(),
+            copy_location: cell_location,
         })
     }
 
@@ -143,6 +152,15 @@ impl Load {
     #[must_use]
     pub fn with_source_label(mut self, key: &str, value: &str) -> Self {
         self.source_labels.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// The same generator, for a mirror that publishes the copies of a cell's sources under
+    /// `location(<the cell's location>)` (the relay: [`super::relay::hub_location`]): the copy
+    /// names it expects on the hub.
+    #[must_use]
+    pub fn with_copy_location(mut self, location: fn(&str) -> String) -> Self {
+        self.copy_location = location;
         self
     }
 
@@ -293,7 +311,7 @@ impl Load {
                         acked.fetch_add(1, Ordering::Relaxed);
                         recorder.ack(Ack {
                             window,
-                            copy: Load::copy_name(&write.name, write.target.location),
+                            copy: Load::copy_name(&write.name, &(this.copy_location)(write.target.location)),
                             seq: write.seq,
                             op: write.op,
                             at,

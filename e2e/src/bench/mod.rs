@@ -9,7 +9,10 @@
 //! 1. **Replicator**: one `replicator run` process per cell (cell-a as `dfw`, cell-b as `sjc`)
 //!    starts against an empty hub: time until every copy is present (start-up, empty hub).
 //! 2. **Relay** (the floor): the minimal relay ([`relay`], one process per cell, same build
-//!    profile) starts beside it over its own sources: the same start-up figure.
+//!    profile) starts beside it over its own sources: the same start-up figure. It publishes
+//!    under a hub location of its own (`dfw-relay`, `sjc-relay`: [`relay::hub_location`]) as
+//!    that location's identity, so its writes pass the hub's admission policies as the
+//!    replicator's do, and the replicators never touch its copies.
 //! 3. **Churn** (creates, updates, deletes) at each rate, the two mirrors taking turns, and the
 //!    lag of every write from the cell acknowledging it to the copy's event in a hub watch
 //!    ([`lag`]). At the target rate each mirror gets several windows, in the order A B B A …,
@@ -415,7 +418,8 @@ pub async fn run_count(
     let relay_load = Arc::new(
         Load::new(env, &relay_namespace, run_id)
             .await?
-            .with_source_label(LOCATION_LABEL, RELAY_SOURCE),
+            .with_source_label(LOCATION_LABEL, RELAY_SOURCE)
+            .with_copy_location(relay::hub_location),
     );
     let hub = env.client(HUB).await?;
     let kinds = lag::churned_kinds()?;
@@ -463,9 +467,11 @@ pub async fn run_count(
     )
     .await?;
     let start = Instant::now();
-    // The relay runs as the replicator does, with its least-privilege identities: authorizing
-    // a service account costs the hub more per request than `system:masters` (0.1–0.3 ms, which
-    // RBAC skips for that group), and the floor must not be lowered by credentials.
+    // The relay runs as the replicator does, with least-privilege identities: authorizing a
+    // service account costs the hub more per request than `system:masters` (0.1–0.3 ms, which
+    // RBAC skips for that group), and the floor must not be lowered by credentials. On the hub
+    // it is a location of its own (`dfw-relay`), bound as every location is and held by the
+    // same admission policies, so each of its writes is admitted as the replicator's are.
     let identities = env.least_privilege().await?;
     let mut relays = Vec::new();
     for cell in Cluster::CELLS {
@@ -821,8 +827,11 @@ pub(crate) async fn spawn_pair(
     Ok(processes)
 }
 
-/// Starts `replicator-bench relay` for `cell` with the replicator's least-privilege
-/// `identities` (the hub identity of its location), logging to `logs/relay-<location>.log`.
+/// Starts `replicator-bench relay` for `cell` with least-privilege `identities`: the cell's
+/// replicator identity, and on the hub the identity of the relay's own location
+/// ([`relay::hub_location`], `replicator-<location>-relay`, made on first use: an environment
+/// fixture like every location's). Logs to `logs/relay-<location>.log`; returns the cell's
+/// location and the process.
 async fn spawn_relay(
     env: &Environment,
     options: &Options,
@@ -830,14 +839,15 @@ async fn spawn_relay(
     identities: &Identities,
 ) -> anyhow::Result<(String, tokio::process::Child)> {
     let location = cell.location().context("a cell without a location")?.to_owned();
+    let hub_location = relay::hub_location(&location);
     let logs = env.logs_dir();
     std::fs::create_dir_all(&logs)?;
     let log = std::fs::File::create(logs.join(format!("relay-{location}.log")))?;
-    let hub_kubeconfig = identities.hub_kubeconfig_for(env, &location).await?;
+    let hub_kubeconfig = identities.hub_kubeconfig_for(env, &hub_location).await?;
     let child = tokio::process::Command::new(&options.relay_bin)
         .arg("relay")
         .arg("--location")
-        .arg(&location)
+        .arg(&hub_location)
         .arg("--cell-kubeconfig")
         .arg(identities.cell_kubeconfig(cell)?)
         .arg("--hub-kubeconfig")

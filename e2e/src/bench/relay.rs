@@ -7,8 +7,15 @@
 //! galactic EndpointSlices and NetworkInterfaces), names copies the same way
 //! (`<name>-<location>`), and writes with as many concurrent writers (for both kinds together) as
 //! the replicator has workers: events are sharded by object, so the writes of one object stay in
-//! order. Copies
-//! carry [`RELAY_LABEL`] instead of the replicator's location label.
+//! order.
+//!
+//! The relay of a cell's location `dfw` publishes under a location of its own,
+//! [`hub_location`]`("dfw")` = `dfw-relay`: it writes to the hub as that location's identity
+//! (`replicator-dfw-relay`, bound like every location's), and its copies are that location's
+//! copies (label `replicator.datumapis.com/location=dfw-relay`, names ending in `-dfw-relay`,
+//! plus [`RELAY_LABEL`]), so the hub's admission policies admit them as they admit a
+//! replicator's, and every relay write pays for admission as the replicator's do. The replicator
+//! of `dfw` never touches them: it writes, repairs and sweeps only copies labelled `dfw`.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash as _, Hasher as _};
@@ -23,8 +30,15 @@ use replicator::rules::{self, default_rules};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
-/// The label on relay copies; its value is the relay's location.
+/// The label on relay copies; its value is the relay's location ([`hub_location`]).
 pub const RELAY_LABEL: &str = "replicator-bench.datumapis.com/relay";
+
+/// The location the relay of a cell at `cell_location` publishes under on the hub:
+/// `<cell_location>-relay`, a DNS label and so a location of its own, with its own hub identity
+/// `replicator-<cell_location>-relay`; a copy name ending in it never ends in `-<cell_location>`.
+pub fn hub_location(cell_location: &str) -> String {
+    format!("{cell_location}-relay")
+}
 
 /// One relayed change: the object to apply, or (`object: None`) a deleted one.
 struct Change {
@@ -34,8 +48,9 @@ struct Change {
     object: Option<Box<DynamicObject>>,
 }
 
-/// Runs the relay for `location` until the process ends: one watch per kind on `cell`, `workers`
-/// concurrent hub writers.
+/// Runs the relay until the process ends: one watch per kind on `cell`, `workers` concurrent hub
+/// writers, copies published under `location` (the relay's own hub location, [`hub_location`]:
+/// their name suffix and location label; `hub` should be that location's identity).
 ///
 /// Without `source_label` it watches what the replicator watches (the default rules' selectors
 /// with the loop guard). With `source_label` (`key`, `value`) it watches the rules' own selectors
@@ -113,12 +128,13 @@ pub async fn run(
     Ok(())
 }
 
-/// The relay copy of `source`: its labels (without the replicator's location label, plus
-/// [`RELAY_LABEL`]), annotations and every
-/// top-level field but `metadata` and `status`, named `<name>-<location>`.
+/// The relay copy of `source`: its labels (the replicator's location label set to `location`,
+/// the relay's hub location, in place of the source's loop guard, plus [`RELAY_LABEL`]),
+/// annotations and every top-level field but `metadata` and `status`, named
+/// `<name>-<location>`: a copy of `location` as the hub's admission policies define one.
 pub fn relay_copy(source: &DynamicObject, resource: &ApiResource, location: &str) -> Value {
     let mut labels = source.labels().clone();
-    labels.remove(rules::LOCATION_LABEL);
+    labels.insert(rules::LOCATION_LABEL.to_owned(), location.to_owned());
     labels.insert(RELAY_LABEL.to_owned(), location.to_owned());
     let mut body = match &source.data {
         Value::Object(map) => map.clone(),
@@ -157,5 +173,49 @@ async fn write(hub: Client, location: String, mut rx: mpsc::UnboundedReceiver<Ch
         if let Err(error) = result {
             tracing::warn!(%error, "relay write failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relay_copy_is_a_copy_of_the_relays_own_location() {
+        let location = hub_location("dfw");
+        assert_eq!(location, "dfw-relay");
+        crate::rbac::validate_location(&location).expect("a location that can name a hub identity");
+        let resource = ApiResource {
+            group: "discovery.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "discovery.k8s.io/v1".into(),
+            kind: "EndpointSlice".into(),
+            plural: "endpointslices".into(),
+        };
+        let source: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "es-000001",
+                "namespace": "bench-relay",
+                "labels": {rules::LOCATION_LABEL: "relay-source", "compute.datumapis.com/bench-seq": "7"},
+                "annotations": {"a": "b"},
+            },
+            "addressType": "IPv6",
+            "endpoints": [],
+            "status": {"x": 1},
+        }))
+        .expect("a valid object");
+        let copy = relay_copy(&source, &resource, &location);
+        let name = copy["metadata"]["name"].as_str().unwrap_or_default();
+        assert_eq!(name, "es-000001-dfw-relay");
+        assert!(!name.ends_with("-dfw"), "never a name of the replicator of dfw");
+        let labels = &copy["metadata"]["labels"];
+        assert_eq!(labels[rules::LOCATION_LABEL], "dfw-relay", "the loop guard is replaced");
+        assert_eq!(labels[RELAY_LABEL], "dfw-relay");
+        assert_eq!(labels["compute.datumapis.com/bench-seq"], "7");
+        assert_eq!(copy["metadata"]["annotations"]["a"], "b");
+        assert_eq!(copy["addressType"], "IPv6");
+        assert!(copy.get("status").is_none());
     }
 }

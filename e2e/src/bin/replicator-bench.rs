@@ -6,7 +6,7 @@
 //! ```text
 //! replicator-bench [--short] [--out target/bench] [--counts 1000,10000] [--rates 50,200,500]
 //!                  [--churn-seconds 30] [--idle-seconds 60] ...
-//! replicator-bench relay --location dfw --cell-kubeconfig C --hub-kubeconfig H [--workers 8]
+//! replicator-bench relay --location dfw-relay --cell-kubeconfig C --hub-kubeconfig H [--workers 8]
 //!                        [--source-label KEY=VALUE]
 //! ```
 //!
@@ -76,13 +76,16 @@ struct Cli {
 enum Command {
     /// The minimal relay (the floor), one cell: watch, server-side apply to the hub, nothing else.
     Relay {
-        /// The cell's location: the copy name suffix.
+        /// The location the relay publishes under on the hub (the benchmark gives the relay of
+        /// cell location `dfw` a location of its own, `dfw-relay`): the copies' location label
+        /// and name suffix.
         #[arg(long)]
         location: String,
         /// The cell's kubeconfig.
         #[arg(long)]
         cell_kubeconfig: PathBuf,
-        /// The hub's kubeconfig.
+        /// The hub's kubeconfig: the identity of `--location` (`replicator-<location>`), which
+        /// the hub's admission policies allow to write that location's copies.
         #[arg(long)]
         hub_kubeconfig: PathBuf,
         /// Concurrent hub writers (both kinds together).
