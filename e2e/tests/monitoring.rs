@@ -834,7 +834,8 @@ async fn prometheus_scrapes_the_deployed_product() -> TestResult {
         pods.extend(ready);
     }
     let cell_pods = pods.len();
-    pods.extend(deploy::wait_pods_ready(&env.client(CELL_B).await?, MEMBERSHIP_SELECTOR, 1, PODS_READY).await?);
+    // config/hub runs two membership replicas, both scraped.
+    pods.extend(deploy::wait_pods_ready(&env.client(CELL_B).await?, MEMBERSHIP_SELECTOR, 2, PODS_READY).await?);
     let targets = pods.len();
 
     // Prometheus, scraping what the ServiceMonitors select, with the alert rules loaded.
