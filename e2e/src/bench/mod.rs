@@ -17,7 +17,9 @@
 //!    lag of every write from the cell acknowledging it to the copy's event in a hub watch
 //!    ([`lag`]). At the target rate each mirror gets several windows, in the order A B B A …,
 //!    pooled: a stall of the machine lands in one window of many, and both mirrors sample the
-//!    same stretch of time. Peak RSS of both.
+//!    same stretch of time. Peak RSS of both. Then the replicator's churn at the target rate
+//!    with the hub's admission policies in force and with their bindings removed, windows
+//!    alternating ([`admission`]): what the policies cost the hub per write.
 //! 4. **Restart and rest**: the replicators are stopped and started again over the correct
 //!    copies, with a short sweep interval: time to ready, writes made while re-verifying every
 //!    copy, then an idle window: hub writes per sweep, API requests per minute by verb (counted
@@ -64,9 +66,16 @@ static STARTED: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
 /// Prints a progress line to stderr: `[bench +12.3s] ...`.
 macro_rules! progress {
     ($($arg:tt)*) => {
-        eprintln!("[bench +{:.1}s] {}", STARTED.get_or_init(Instant::now).elapsed().as_secs_f64(), format!($($arg)*))
+        eprintln!(
+            "[bench +{:.1}s] {}",
+            $crate::bench::STARTED.get_or_init(std::time::Instant::now).elapsed().as_secs_f64(),
+            format!($($arg)*)
+        )
     };
 }
+
+// After `progress!`, which it uses.
+pub mod admission;
 
 /// The label generated policies carry (`replicator policies`).
 const GENERATED_BY_LABEL: &str = "replicator.datumapis.com/generated-by";
@@ -333,6 +342,8 @@ pub struct CountResult {
     pub rest: Rest,
     /// Karmada's own propagation (peer).
     pub karmada: propagation::Outcome,
+    /// What the hub's admission policies cost per write (`None` when the hub has none).
+    pub admission: Option<admission::Cost>,
 }
 
 /// A whole run.
@@ -367,6 +378,7 @@ pub async fn run(env: &Environment, options: Options) -> anyhow::Result<Results>
             options.replicator_bin.display()
         );
     }
+    admission::recover(env, &mut warnings).await?;
     let suspended = suspend_policies(env, &mut warnings).await?;
     remove_leftovers(env, options.timeout, &mut warnings).await?;
     let run_id = fixtures::unique("run");
@@ -501,13 +513,16 @@ pub async fn run_count(
             pids: relays.iter().filter_map(|(_, child)| child.id()).collect(),
         },
     ];
-    let [replicator_rows, relay_rows] = churn_alternating(env, options, &sides).await?;
+    let mut window = 0;
+    let [replicator_rows, relay_rows] = churn_alternating(env, options, &sides, &mut window).await?;
     let replicator_rss = peaks(replicators.iter().map(|r| (r.location().to_owned(), r.pid())));
     let relay_rss = peaks(
         relays
             .iter()
             .map(|(location, child)| (location.clone(), child.id().unwrap_or_default())),
     );
+    // 3b. The admission policies' cost: the replicator's churn with them and without them.
+    let admission = admission::measure(env, options, &sides[0], &mut window).await?;
     for (_, child) in &mut relays {
         let _ = child.start_kill();
         let _ = child.wait().await;
@@ -559,6 +574,7 @@ pub async fn run_count(
         relay,
         rest,
         karmada,
+        admission,
     })
 }
 
@@ -576,14 +592,15 @@ struct Side<'a> {
 /// `options.target_windows` windows per mirror, in the order A B B A A B ... so that neither
 /// mirror always follows the other, pooled into one row. A stall of the machine then lands in
 /// one window of many rather than deciding a mirror's whole figure, and both mirrors sample the
-/// same stretch of time. Returns each side's rows, one per rate.
+/// same stretch of time. Returns each side's rows, one per rate. `window` is the recorders' next
+/// window index (advanced past the windows used).
 async fn churn_alternating(
     env: &Environment,
     options: &Options,
     sides: &[Side<'_>; 2],
+    window: &mut usize,
 ) -> anyhow::Result<[Vec<LagRow>; 2]> {
     let mut rows: [Vec<LagRow>; 2] = [Vec::new(), Vec::new()];
-    let mut window = 0;
     for &rate in &options.rates {
         let turns = if rate == options.target_rate {
             options.target_windows.max(1)
@@ -594,8 +611,8 @@ async fn churn_alternating(
         for turn in 0..turns {
             let order = if turn % 2 == 0 { [0, 1] } else { [1, 0] };
             for i in order {
-                windows[i].push(churn_window(env, options, &sides[i], rate, window).await?);
-                window += 1;
+                windows[i].push(churn_window(env, options, &sides[i], rate, *window).await?);
+                *window += 1;
             }
         }
         for (i, side) in sides.iter().enumerate() {

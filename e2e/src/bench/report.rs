@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use super::admission::Cost;
 use super::{CountResult, LagRow, Results};
 use crate::binaries::{ETCD_VERSION, KARMADA_VERSION, KUBE_VERSION};
 use crate::propagation::quantile;
@@ -101,6 +102,88 @@ fn machine_busy(row: &LagRow) -> String {
             || "?".to_owned(),
             |(busy, steal)| format!("{busy:.0} % (steal {steal:.0} %)"),
         )
+}
+
+/// What the admission policies add per write: (`with` − `without`, `with` ÷ `without`), from
+/// the hub's CPU per write with the policies in force and suspended (milliseconds).
+pub fn difference(with: Option<f64>, without: Option<f64>) -> (Option<f64>, Option<f64>) {
+    match (with, without) {
+        (Some(with), Some(without)) => (Some(with - without), (without > 0.0).then(|| with / without)),
+        _ => (None, None),
+    }
+}
+
+/// Section 6: the hub's CPU per write with the admission policies in force and suspended, one
+/// row per object count (`None`: not measured).
+pub fn admission_section(counts: &[(usize, Option<&Cost>)], rate: f64, windows: usize) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\n## 6. Admission policies\n\nWhat the hub's ValidatingAdmissionPolicies (`config/rbac/hub/admission_policy.yaml`: each location's identity may write only its own copies and Lease) cost it per write. The replicator churns at {rate}/s, {windows} windows with the policies in force and {windows} with their bindings removed, alternating (in force, suspended, suspended, in force …) over the same load, each pooled; a probe write the location policy refuses, made as a location identity of its own in a scratch namespace, tells when a removal or a restoration has taken effect (both within the deadline, before the next window). *Hub CPU per write*: the hub kube-apiserver's CPU time from each window's start to its settling over the cell writes, as in section 1 (the hub's background alike in both). The relay of section 1 writes through the same policies (as locations of its own, `dfw-relay` and `sjc-relay`), as the replicator does there.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| objects | rate asked | writes: in force / suspended (achieved/s) | hub requests per write: in force / suspended | hub CPU per write: policies in force | suspended | difference | ÷ suspended | p99 lag: in force / suspended |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    let mut notes = Vec::new();
+    for (objects, cost) in counts {
+        let Some(cost) = cost else {
+            let _ = writeln!(
+                s,
+                "| {} | {rate} | not measured: the hub has no binding of the replicator's admission policies | | | | | | |",
+                count(*objects)
+            );
+            continue;
+        };
+        let (with, without) = cost.hub_cpu_per_write_ms();
+        let (diff, r) = difference(with, without);
+        let requests = |row: &LagRow| {
+            let total: u64 = row.hub_requests.values().sum();
+            format!("{:.2}", total as f64 / row.stats.acked.max(1) as f64)
+        };
+        let per = |v: Option<f64>| v.map_or_else(|| "?".to_owned(), |v| format!("{v:.2} ms"));
+        let p99 = |row: &LagRow| opt_ms(quantile(&row.lags, 0.99));
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} ({:.0}) / {} ({:.0}) | {} / {} | {} | {} | {} | {} | {} / {} |",
+            count(*objects),
+            cost.in_force.stats.rate,
+            cost.in_force.stats.acked,
+            cost.in_force.stats.achieved(),
+            cost.suspended.stats.acked,
+            cost.suspended.stats.achieved(),
+            requests(&cost.in_force),
+            requests(&cost.suspended),
+            per(with),
+            per(without),
+            diff.map_or_else(|| "?".to_owned(), |d| format!("{d:+.2} ms")),
+            x(r),
+            p99(&cost.in_force),
+            p99(&cost.suspended),
+        );
+        notes.push(format!(
+            "{} objects: bindings suspended {}; each removal and restoration took effect within {} of its first binding write (the probe's answer){}",
+            count(*objects),
+            cost.bindings
+                .iter()
+                .map(|b| format!("`{b}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            ms(cost.switch),
+            if cost.in_force.missing + cost.suspended.missing > 0 {
+                format!(
+                    "; writes missing: {} in force, {} suspended",
+                    cost.in_force.missing, cost.suspended.missing
+                )
+            } else {
+                String::new()
+            }
+        ));
+    }
+    if !notes.is_empty() {
+        let _ = writeln!(s, "\n{}.", notes.join(". "));
+    }
+    s
 }
 
 /// The row of `rate` in `rows` (matched within 1 %).
@@ -263,7 +346,7 @@ pub fn markdown(results: &Results) -> String {
     );
     let _ = writeln!(
         s,
-        "- **Parameters**: objects {} (each split evenly over cell-a/`dfw`, cell-b/`sjc` × galactic EndpointSlices, NetworkInterfaces); churn {} writes/s, {:.0} s each, cycling update, create, update, delete (population constant), the mirrors over disjoint sources of as many objects and taking turns, {} windows each at {}/s (order A B B A …, pooled); settle ≤ {:.0} s; `--workers {}` (the relay: {} writers per process); both mirrors with the replicator's least-privilege identities; restart with `--sweep-interval {:.0}s`, idle window {:.0} s; Karmada: as many ConfigMaps at {}/s to `{}`.",
+        "- **Parameters**: objects {} (each split evenly over cell-a/`dfw`, cell-b/`sjc` × galactic EndpointSlices, NetworkInterfaces); churn {} writes/s, {:.0} s each, cycling update, create, update, delete (population constant), the mirrors over disjoint sources of as many objects and taking turns, {} windows each at {}/s (order A B B A …, pooled); settle ≤ {:.0} s; `--workers {}` (the relay: {} writers per process); both mirrors with least-privilege identities, their hub writes under the hub's admission policies (the relay's as locations of its own, `dfw-relay` and `sjc-relay`); admission cost: {} windows each with the policies in force and suspended at {}/s; restart with `--sweep-interval {:.0}s`, idle window {:.0} s; Karmada: as many ConfigMaps at {}/s to `{}`.",
         o.counts.iter().map(|c| count(*c)).collect::<Vec<_>>().join(", "),
         o.rates.iter().map(|r| format!("{r}")).collect::<Vec<_>>().join(", "),
         o.churn.as_secs_f64(),
@@ -272,6 +355,8 @@ pub fn markdown(results: &Results) -> String {
         o.settle.as_secs_f64(),
         o.workers,
         o.workers,
+        o.target_windows,
+        o.target_rate,
         o.sweep_interval.as_secs_f64(),
         o.idle.as_secs_f64(),
         o.peer_rate,
@@ -289,7 +374,7 @@ pub fn markdown(results: &Results) -> String {
 
     let _ = writeln!(
         s,
-        "\n## 1. Propagation lag\n\nCell write acknowledged → the copy's event in a hub watch. Baseline: the relay (watch, server-side apply, nothing else) over the same load; ratios are replicator ÷ relay. *Missing*: writes the hub never showed within the settle time; *never published*: writes to objects created and deleted before any copy of them appeared (a mirror that coalesces skips them, the hub ends right; they are not in the percentiles, and are only seen when a mirror lags by more than an object's life). *CPU per write*: CPU time of the hub's kube-apiserver and of the mirror's processes from the window's start to its settling, over the writes: what each write costs, a figure that does not swing with the machine's stalls as tail lags do (the hub's background, Karmada's watches and the lag watch, is in both mirrors' figures alike). *Machine busy*: the share of all cores' time spent running anything during the churn (from `/proc/stat`; *steal*: time the hypervisor gave to other guests). Near 100 % the machine is saturated: every process, both mirrors' and the apiservers', waits for a core, and a few percent more work per write turns into a long queue, so tail lags there swing far more than the CPU figures.\n"
+        "\n## 1. Propagation lag\n\nCell write acknowledged → the copy's event in a hub watch. Baseline: the relay (watch, server-side apply, nothing else; its hub writes admitted by the same policies as the replicator's, section 6) over the same load; ratios are replicator ÷ relay. *Missing*: writes the hub never showed within the settle time; *never published*: writes to objects created and deleted before any copy of them appeared (a mirror that coalesces skips them, the hub ends right; they are not in the percentiles, and are only seen when a mirror lags by more than an object's life). *CPU per write*: CPU time of the hub's kube-apiserver and of the mirror's processes from the window's start to its settling, over the writes: what each write costs, a figure that does not swing with the machine's stalls as tail lags do (the hub's background, Karmada's watches and the lag watch, is in both mirrors' figures alike). *Machine busy*: the share of all cores' time spent running anything during the churn (from `/proc/stat`; *steal*: time the hypervisor gave to other guests). Near 100 % the machine is saturated: every process, both mirrors' and the apiservers', waits for a core, and a few percent more work per write turns into a long queue, so tail lags there swing far more than the CPU figures.\n"
     );
     let _ = writeln!(
         s,
@@ -515,6 +600,12 @@ pub fn markdown(results: &Results) -> String {
             )),
         );
     }
+    let admission: Vec<(usize, Option<&Cost>)> = results
+        .counts
+        .iter()
+        .map(|c| (c.objects, c.admission.as_ref()))
+        .collect();
+    s.push_str(&admission_section(&admission, o.target_rate, o.target_windows));
     let _ = writeln!(s, "\n![lag distributions](lag.png)");
     s
 }
@@ -550,5 +641,86 @@ mod tests {
             profile_of(std::path::Path::new("/w/target/release/replicator")),
             "release"
         );
+    }
+
+    /// A pooled row of `acked` writes at `rate` over `elapsed`, the hub spending `hub_cpu`.
+    fn row(rate: f64, acked: usize, elapsed: Duration, hub_cpu: Option<Duration>, patches: u64) -> LagRow {
+        let mut row = LagRow::pooled(Vec::new());
+        row.stats.rate = rate;
+        row.stats.acked = acked;
+        row.stats.elapsed = elapsed;
+        row.windows = 2;
+        row.hub_cpu = hub_cpu;
+        row.hub_requests.insert("patch".to_owned(), patches);
+        row.lags = vec![Duration::from_millis(5); 90];
+        row.lags.extend([Duration::from_millis(40); 10]);
+        row
+    }
+
+    #[test]
+    fn the_admission_cost_is_the_difference_and_ratio_of_cpu_per_write() {
+        assert_eq!(
+            difference(Some(1.2), Some(1.0)).0.map(|d| (d * 100.0).round()),
+            Some(20.0)
+        );
+        assert_eq!(
+            difference(Some(1.2), Some(1.0)).1.map(|r| (r * 100.0).round()),
+            Some(120.0)
+        );
+        assert_eq!(difference(Some(1.2), Some(0.0)), (Some(1.2), None), "no ratio to zero");
+        assert_eq!(difference(None, Some(1.0)), (None, None));
+        assert_eq!(difference(Some(1.0), None), (None, None));
+    }
+
+    #[test]
+    fn section_6_gives_hub_cpu_per_write_with_and_without_the_policies() {
+        let cost = Cost {
+            // 800 writes, 960 ms of hub CPU: 1.20 ms per write; 600 ms over 800: 0.75 ms.
+            in_force: row(
+                200.0,
+                800,
+                Duration::from_secs(4),
+                Some(Duration::from_millis(960)),
+                1000,
+            ),
+            suspended: row(
+                200.0,
+                800,
+                Duration::from_secs(4),
+                Some(Duration::from_millis(600)),
+                1000,
+            ),
+            bindings: vec![
+                "replicator-membership-e2e".to_owned(),
+                "replicator-location-e2e".to_owned(),
+            ],
+            switch: Duration::from_millis(120),
+        };
+        let text = admission_section(&[(200, Some(&cost)), (1_000, None)], 200.0, 2);
+        assert!(text.starts_with("\n## 6. Admission policies\n"), "{text}");
+        assert!(
+            text.contains("| 200 | 200 | 800 (200) / 800 (200) | 1.25 / 1.25 | 1.20 ms | 0.75 ms | +0.45 ms | 1.60× | 40.0 ms / 40.0 ms |"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "| 1,000 | 200 | not measured: the hub has no binding of the replicator's admission policies |"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "200 objects: bindings suspended `replicator-membership-e2e`, `replicator-location-e2e`; each removal and restoration took effect within 120 ms of its first binding write (the probe's answer)."
+            ),
+            "{text}"
+        );
+        assert!(text.contains("2 windows with the policies in force and 2 with their bindings removed"));
+
+        let unread = Cost {
+            suspended: row(200.0, 800, Duration::from_secs(4), None, 1000),
+            ..cost
+        };
+        let text = admission_section(&[(200, Some(&unread))], 200.0, 2);
+        assert!(text.contains("| 1.20 ms | ? | ? | – |"), "{text}");
     }
 }
