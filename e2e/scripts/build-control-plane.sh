@@ -150,6 +150,9 @@ build_karmada() {
 }
 
 PROMETHEUS_COMMANDS=(prometheus promtool)
+# Only the service discovery the tests use (Prometheus's plugins/ files are selected by these
+# tags): without the cloud providers' SDKs the compile takes about half as long.
+PROMETHEUS_TAGS=remove_all_sd,enable_kubernetes_sd
 
 # The release a module version stands for: v0.316.0 -> 3.16.0.
 prometheus_release() {
@@ -184,7 +187,7 @@ build_prometheus() {
   for cmd in "${PROMETHEUS_COMMANDS[@]}"; do
     t0=$(date +%s)
     log "prometheus $PROMETHEUS_VERSION: compiling $cmd (the first one takes longest on 2 cores)"
-    (cd "$work" && go build -trimpath -ldflags "$ld" -o "$out.tmp/$cmd" "$module/cmd/$cmd")
+    (cd "$work" && go build -trimpath -tags "$PROMETHEUS_TAGS" -ldflags "$ld" -o "$out.tmp/$cmd" "$module/cmd/$cmd")
     log "prometheus $PROMETHEUS_VERSION: $cmd compiled in $(( $(date +%s) - t0 ))s"
   done
   rm -rf "$out" && mv "$out.tmp" "$out"
