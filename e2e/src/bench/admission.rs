@@ -7,8 +7,9 @@
 //! kube-apiserver's CPU time over its writes and their settling as the churn windows of
 //! section 1 do ([`super::churn_window`]).
 //!
-//! Suspending deletes the bindings of the replicator's policies (the harness's `-e2e` ones and
-//! the shipped-name ones, if present; membership's first, the location policy's last), each
+//! Suspending deletes the bindings of the replicator's policies (the harness's `-e2e` ones, the
+//! shipped-name ones and any other overlay's `-<suffix>` ones present; membership's first, the
+//! location policy's last), each
 //! saved first to `<state>/`[`SAVED`]; restoring server-side applies them again, as the field
 //! manager that had applied them, in the same order. Each switch waits, with a deadline, until
 //! the hub acts on it: a probe write the location policy refuses, made as a location identity
@@ -35,7 +36,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{LOCATION_LABEL, LagRow, Options, Side, churn_window};
-use crate::rbac::NAME_SUFFIX;
 use crate::wait::Check;
 use crate::{Environment, HUB, fixtures};
 
@@ -45,7 +45,8 @@ pub const PROBE_LOCATION: &str = "bench-probe";
 /// The file in the environment's state directory holding the bindings while they are suspended.
 pub const SAVED: &str = "bench-suspended-admission-bindings.json";
 /// The replicator's admission policies under their shipped names; the harness installs them
-/// suffixed `-e2e` ([`NAME_SUFFIX`]).
+/// suffixed `-e2e` ([`crate::rbac::NAME_SUFFIX`]), a scenario deploying the manifests may add
+/// others with suffixes of its own.
 const POLICIES: [&str; 2] = ["replicator-location", "replicator-membership"];
 /// The policy of the location identities: the one the probe meets.
 const LOCATION_POLICY: &str = "replicator-location";
@@ -74,12 +75,17 @@ impl Cost {
     }
 }
 
-/// Whether `policy` (a binding's `policyName`) is one of the replicator's, as shipped or as the
-/// harness names it.
+/// Whether `policy` (a binding's `policyName`) is one of the replicator's: as shipped, or with a
+/// `-<suffix>` an overlay appended (the harness's `-e2e`). Any of them would hold the location
+/// identities to their copies, so all are suspended together.
 pub fn replicator_policy(policy: &str) -> bool {
-    POLICIES
-        .iter()
-        .any(|p| policy == *p || policy == format!("{p}-{NAME_SUFFIX}"))
+    POLICIES.iter().any(|p| named(policy, p))
+}
+
+/// Whether `name` is `base` or `base-<suffix>`.
+fn named(name: &str, base: &str) -> bool {
+    name.strip_prefix(base)
+        .is_some_and(|rest| rest.is_empty() || rest.len() > 1 && rest.starts_with('-'))
 }
 
 /// The order bindings are removed and restored in: membership's before the location policy's,
@@ -90,7 +96,7 @@ fn switch_order(bindings: &mut [Saved]) {
 }
 
 fn is_location_policy(policy: &str) -> bool {
-    policy == LOCATION_POLICY || policy == format!("{LOCATION_POLICY}-{NAME_SUFFIX}")
+    named(policy, LOCATION_POLICY)
 }
 
 fn binding_resource() -> ApiResource {
@@ -494,16 +500,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_replicators_policies_are_recognised_as_shipped_and_as_the_harness_names_them() {
+    fn the_replicators_policies_are_recognised_as_shipped_and_suffixed() {
         for policy in [
             "replicator-location",
             "replicator-membership",
             "replicator-location-e2e",
             "replicator-membership-e2e",
+            "replicator-location-58601f",
         ] {
             assert!(replicator_policy(policy), "{policy}");
         }
-        for policy in ["e2e-reject-slices", "replicator-location-other", "replicator"] {
+        for policy in [
+            "e2e-reject-slices",
+            "replicator-locations",
+            "replicator-location-",
+            "replicator",
+            "x-replicator-location",
+        ] {
             assert!(!replicator_policy(policy), "{policy}");
         }
     }
