@@ -110,15 +110,23 @@ pub struct ResponseStatus {
 }
 
 impl Entry {
-    /// Whether the request changed something: a write verb answered with a 2xx code.
+    /// Whether the request changed something: a write verb answered with a 2xx code. A create
+    /// of a review (authorization.k8s.io's access reviews, authentication.k8s.io's token and
+    /// self-subject reviews, which the harness's identity checks send) stores nothing: no write.
     pub fn succeeded_write(&self) -> bool {
-        matches!(
-            self.verb.as_str(),
-            "create" | "update" | "patch" | "delete" | "deletecollection"
-        ) && self
-            .response_status
+        let review = self
+            .object_ref
             .as_ref()
-            .is_some_and(|s| (200..300).contains(&s.code))
+            .is_some_and(|o| matches!(o.api_group.as_str(), "authorization.k8s.io" | "authentication.k8s.io"));
+        !review
+            && matches!(
+                self.verb.as_str(),
+                "create" | "update" | "patch" | "delete" | "deletecollection"
+            )
+            && self
+                .response_status
+                .as_ref()
+                .is_some_and(|s| (200..300).contains(&s.code))
     }
 
     /// The service account `(namespace, name)` that sent the request, if one did.
