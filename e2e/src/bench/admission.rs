@@ -29,13 +29,14 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
 use kube::{Client, ResourceExt as _};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{LOCATION_LABEL, LagRow, Options, Side, churn_window};
+use crate::rbac::KARMADA_SKIP_PROPAGATION_LABEL;
 use crate::wait::Check;
 use crate::{Environment, HUB, fixtures};
 
@@ -52,6 +53,8 @@ const POLICIES: [&str; 2] = ["replicator-location", "replicator-membership"];
 const LOCATION_POLICY: &str = "replicator-location";
 /// How long the hub may take to act on a removed or restored binding.
 const SWITCH_DEADLINE: Duration = Duration::from_secs(30);
+/// The label (value `"true"`) of the probe's scratch namespaces on the hub.
+const SCRATCH_LABEL: &str = "replicator-bench.datumapis.com/admission-probe";
 /// The field manager of a restored binding whose original manager is unknown.
 const FIELD_MANAGER: &str = "replicator-bench";
 
@@ -296,14 +299,28 @@ struct Probe {
 }
 
 impl Probe {
-    /// Creates the scratch namespace (not propagated by Karmada) and the probe's copy (as the
-    /// admin: a copy of [`PROBE_LOCATION`], publishing cell `probe`), and the probe identity.
+    /// Creates the scratch namespace (labelled [`SCRATCH_LABEL`], not propagated by Karmada;
+    /// those an earlier, killed run left are deleted first) and the probe's copy (as the admin:
+    /// a copy of [`PROBE_LOCATION`], publishing cell `probe`), and the probe identity.
     async fn start(env: &Environment, hub: &Client) -> anyhow::Result<Probe> {
         let identities = env.least_privilege().await?;
         let kubeconfig = identities.hub_kubeconfig_for(env, PROBE_LOCATION).await?;
         let as_location = client(&kubeconfig).await?;
+        remove_scratch_namespaces(hub).await?;
         let namespace = fixtures::unique("bench-admission");
-        env.ensure_namespace(HUB, &namespace).await?;
+        let namespaces = Api::<Namespace>::all(hub.clone());
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": namespace,
+                "labels": {SCRATCH_LABEL: "true", KARMADA_SKIP_PROPAGATION_LABEL: "true"},
+            },
+        });
+        namespaces
+            .create(&PostParams::default(), &serde_json::from_value(body)?)
+            .await
+            .context("creating the admission probe's namespace")?;
         let probe = Probe {
             hub: hub.clone(),
             slices: Api::namespaced(as_location, &namespace),
@@ -377,6 +394,23 @@ impl Probe {
             Err(error) => tracing::warn!(%error, namespace = self.namespace, "could not delete the probe's namespace"),
         }
     }
+}
+
+/// Deletes the scratch namespaces a run killed during the measurement left on the hub (with
+/// their probe copies), saying so.
+async fn remove_scratch_namespaces(hub: &Client) -> anyhow::Result<()> {
+    let namespaces = Api::<Namespace>::all(hub.clone());
+    let selector = ListParams::default().labels(SCRATCH_LABEL);
+    let left = super::retrying(|| namespaces.list_metadata(&selector)).await?.items;
+    for namespace in left.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
+        let name = namespace.name_any();
+        match namespaces.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => progress!(" admission: deleted the probe namespace {name} an earlier run left"),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(error) => return Err(error).context(format!("deleting the probe namespace {name}")),
+        }
+    }
+    Ok(())
 }
 
 async fn client(path: &std::path::Path) -> anyhow::Result<Client> {
