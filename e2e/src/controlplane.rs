@@ -27,7 +27,6 @@ use std::process::Output;
 use std::time::Duration;
 
 use futures::future::{join_all, try_join_all};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use tokio::process::Command;
@@ -292,9 +291,7 @@ impl Environment {
 
     /// A Kubernetes client for a cluster, authenticated as admin.
     pub async fn client(&self, cluster: Cluster) -> Result<kube::Client> {
-        let kubeconfig = Kubeconfig::read_from(self.kubeconfig_path(cluster))?;
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-        Ok(kube::Client::try_from(config)?)
+        kubeconfig::client(&self.kubeconfig_path(cluster)).await
     }
 
     /// Runs `kubectl --kubeconfig <cluster's kubeconfig> <args>` and returns its output,

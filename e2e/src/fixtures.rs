@@ -800,12 +800,7 @@ async fn wait_roles_in_force(kubeconfig: &std::path::Path, items: &[Value]) -> R
     use k8s_openapi::api::authorization::v1::{
         ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
     };
-    let config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::read_from(kubeconfig)?,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await?;
-    let api = Api::<SelfSubjectAccessReview>::all(Client::try_from(config)?);
+    let api = Api::<SelfSubjectAccessReview>::all(crate::kubeconfig::client(kubeconfig).await?);
     for role in items
         .iter()
         .filter(|o| o["kind"] == "Role" || o["kind"] == "ClusterRole")

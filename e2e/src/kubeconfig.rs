@@ -16,6 +16,16 @@ pub(crate) fn dir(state_dir: &Path) -> PathBuf {
     state_dir.join("kubeconfigs")
 }
 
+/// A client authenticated as the kubeconfig file at `path` says (its current context).
+///
+/// # Errors
+/// A file that cannot be read or parsed, or a client that cannot be built from it.
+pub async fn client(path: &Path) -> crate::error::Result<kube::Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path)?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default()).await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
 /// `<state>/kubeconfigs/<cluster>.kubeconfig`: the admin kubeconfig of a cluster.
 pub fn path(state_dir: &Path, cluster: Cluster) -> PathBuf {
     dir(state_dir).join(format!("{}.kubeconfig", cluster.name()))

@@ -28,7 +28,6 @@ use std::path::Path;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
 use replicator::copy::CELL_ANNOTATION;
 use replicator::rules::LOCATION_LABEL;
@@ -48,11 +47,7 @@ const MEMBERSHIP_MANAGER: &str = "membership.replicator.datumapis.com";
 
 /// A client of the hub that authenticates with the kubeconfig at `path`.
 async fn client_from(path: &Path) -> Client {
-    let kubeconfig = Kubeconfig::read_from(path).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap();
-    Client::try_from(config).unwrap()
+    replicator_e2e::kubeconfig::client(path).await.unwrap()
 }
 
 /// A hub namespace of the scenario's own, which Karmada leaves on the hub.

@@ -244,12 +244,8 @@ async fn a_failed_cell_read_keeps_the_copy() -> TestResult {
     orphan.as_object_mut().unwrap().remove("status");
     // Made as the location's own identity, as a copy of it would be (the hub audit then
     // records its labels, so the sweep's delete reads as the location's own).
-    let own = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::read_from(env.least_privilege().await?.hub_kubeconfig_for(&env, &loc).await?)?,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await?;
-    Api::<DynamicObject>::namespaced_with(kube::Client::try_from(own)?, &ns, &net)
+    let own = env.least_privilege().await?.hub_kubeconfig_for(&env, &loc).await?;
+    Api::<DynamicObject>::namespaced_with(replicator_e2e::kubeconfig::client(&own).await?, &ns, &net)
         .create(&PostParams::default(), &serde_json::from_value(orphan)?)
         .await?;
     wait_metric(&b, "replicator_copies", &kind, CONVERGE, |n| n == 2.0).await;
