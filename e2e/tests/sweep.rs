@@ -37,6 +37,58 @@ async fn routed(env: &Environment, ns: &str) {
         .unwrap();
 }
 
+/// Label that marks the sources of one scenario (see [`scenario_rules`]).
+const SCENARIO_LABEL: &str = "e2e.replicator.datumapis.com/scenario";
+
+/// A rules file under which only the Networks labelled [`SCENARIO_LABEL`]`=<ns>` are sources
+/// and the other default kinds are not mirrored. The scenarios that run beside it route their
+/// namespaces too; without it, their Networks in cell-a would be this location's copies as well,
+/// and a pass's counts would depend on what they did meanwhile.
+fn scenario_rules(env: &Environment, ns: &str) -> std::path::PathBuf {
+    let path = env.dir().join("scratch").join(format!("{ns}-rules.yaml"));
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut yaml = format!(
+        "rules:\n  - name: networks\n    resource: {{group: networking.datumapis.com, version: v1alpha, kind: Network, plural: networks}}\n    sourceSelector: {{matchLabels: {{{SCENARIO_LABEL}: {ns}}}}}\n"
+    );
+    for (name, group, version, kind) in [
+        (
+            "networkcontexts",
+            "networking.datumapis.com",
+            "v1alpha",
+            "NetworkContext",
+        ),
+        ("subnets", "networking.datumapis.com", "v1alpha", "Subnet"),
+        (
+            "networkinterfaces",
+            "networking.datumapis.com",
+            "v1alpha",
+            "NetworkInterface",
+        ),
+        ("endpointslices", "discovery.k8s.io", "v1", "EndpointSlice"),
+    ] {
+        yaml.push_str(&format!(
+            "  - name: {name}\n    resource: {{group: {group}, version: {version}, kind: {kind}, plural: {name}}}\n    enabled: false\n"
+        ));
+    }
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+/// `replicator run` for cell-a as `location`, with only the Networks of `ns` as sources.
+fn scoped(env: &Environment, ns: &str, location: &str) -> ReplicatorSpec {
+    ReplicatorSpec::new(CELL_A)
+        .location(location)
+        .arg("--rules")
+        .arg(scenario_rules(env, ns))
+}
+
+/// Network `name` in `ns`, a source under [`scenario_rules`] of `ns`.
+fn network(ns: &str, name: &str) -> Value {
+    let mut network = fixtures::network(ns, name);
+    network["metadata"]["labels"] = json!({ SCENARIO_LABEL: ns });
+    network
+}
+
 async fn spawn(env: &Environment, spec: ReplicatorSpec) -> ReplicatorProcess {
     let mut process = ReplicatorProcess::spawn(env, spec).await.unwrap();
     process.wait_ready(Duration::from_secs(90)).await.unwrap();
@@ -98,10 +150,10 @@ async fn the_delete_cap_spreads_orphans_over_passes_each_within_the_cap() -> Tes
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let net = fixtures::resource("networks")?;
 
-    let mut r = spawn(&env, ReplicatorSpec::new(CELL_A).location(&loc)).await;
+    let mut r = spawn(&env, scoped(&env, &ns, &loc)).await;
     let orphans: Vec<String> = (0..ORPHANS).map(|i| format!("orphan-{i}")).collect();
     for name in orphans.iter().map(String::as_str).chain(["live"]) {
-        fixtures::apply(&cell, &net, &fixtures::network(&ns, name)).await?;
+        fixtures::apply(&cell, &net, &network(&ns, name)).await?;
     }
     for name in orphans.iter().map(String::as_str).chain(["live"]) {
         fixtures::wait_for(&hub, &net, &ns, &copy_name(&ns, name, &loc), CONVERGE, "copy", |_| true).await?;
@@ -116,7 +168,7 @@ async fn the_delete_cap_spreads_orphans_over_passes_each_within_the_cap() -> Tes
     }
     let r = spawn(
         &env,
-        ReplicatorSpec::new(CELL_A).location(&loc).identity(identity).args([
+        scoped(&env, &ns, &loc).identity(identity).args([
             "--sweep-interval",
             "2s",
             "--sweep-max-deletes",
@@ -203,8 +255,8 @@ async fn a_failed_cell_read_keeps_the_copy() -> TestResult {
     let never = ["--sweep-interval", "1h"];
 
     // Leader `a` reads the cell directly; standby `b` through a proxy the scenario breaks.
-    let mut a = spawn(&env, ReplicatorSpec::new(CELL_A).location(&loc).args(never)).await;
-    fixtures::apply(&cell, &net, &fixtures::network(&ns, "live")).await?;
+    let mut a = spawn(&env, scoped(&env, &ns, &loc).args(never)).await;
+    fixtures::apply(&cell, &net, &network(&ns, "live")).await?;
     let live = fixtures::wait_for(&hub, &net, &ns, &copy_name(&ns, "live", &loc), CONVERGE, "copy", |_| {
         true
     })
@@ -219,11 +271,7 @@ async fn a_failed_cell_read_keeps_the_copy() -> TestResult {
         .await?
         .write_cell_kubeconfig_via(&env, CELL_A, &proxy.https_url(), &via)
         .await?;
-    let b_spec = ReplicatorSpec::new(CELL_A)
-        .location(&loc)
-        .args(never)
-        .arg("--log-format")
-        .arg("json");
+    let b_spec = scoped(&env, &ns, &loc).args(never).arg("--log-format").arg("json");
     let mut b = spawn(&env, b_spec.clone().cell_kubeconfig(&via)).await;
     assert_eq!(
         b.metric("replicator_leader", &location).await?,
@@ -286,14 +334,7 @@ async fn a_failed_cell_read_keeps_the_copy() -> TestResult {
     // It was an orphan: the same replica with a working cell collects it at once.
     let identity = b.identity().to_owned();
     b.terminate(Duration::from_secs(10)).await?;
-    let c = spawn(
-        &env,
-        ReplicatorSpec::new(CELL_A)
-            .location(&loc)
-            .identity(identity)
-            .args(never),
-    )
-    .await;
+    let c = spawn(&env, scoped(&env, &ns, &loc).identity(identity).args(never)).await;
     fixtures::wait_gone(&hub, &net, &ns, &orphan_name, CONVERGE).await?;
     assert_eq!(c.metric("replicator_sweep_deleted_total", &kind).await?, Some(1.0));
     assert_eq!(copies(&hub, &ns, &loc).await, [copy_name(&ns, "live", &loc)]);
@@ -312,9 +353,9 @@ async fn a_kind_whose_cell_watch_never_listed_is_not_swept() -> TestResult {
     let location = [("location", loc.as_str())];
     let kind = [("kind", "Network"), ("location", loc.as_str())];
 
-    let mut a = spawn(&env, ReplicatorSpec::new(CELL_A).location(&loc)).await;
+    let mut a = spawn(&env, scoped(&env, &ns, &loc)).await;
     for name in ["live", "ghost"] {
-        fixtures::apply(&cell, &net, &fixtures::network(&ns, name)).await?;
+        fixtures::apply(&cell, &net, &network(&ns, name)).await?;
         fixtures::wait_for(&hub, &net, &ns, &copy_name(&ns, name, &loc), CONVERGE, "copy", |_| true).await?;
     }
     let identity = a.identity().to_owned();
@@ -351,8 +392,7 @@ async fn a_kind_whose_cell_watch_never_listed_is_not_swept() -> TestResult {
     teardown.identity(&narrowed);
     let mut b = ReplicatorProcess::spawn(
         &env,
-        ReplicatorSpec::new(CELL_A)
-            .location(&loc)
+        scoped(&env, &ns, &loc)
             .identity(&identity)
             .cell_kubeconfig(&narrowed.cell_kubeconfig)
             .hub_kubeconfig(&narrowed.hub_kubeconfig)
@@ -374,13 +414,7 @@ async fn a_kind_whose_cell_watch_never_listed_is_not_swept() -> TestResult {
     let (status, body) = replicator_e2e::replicator_process::http_get(&format!("{}/readyz", b.health_url())).await?;
     assert_eq!(status, 503, "not ready while the Network list is pending: {body}");
     assert!(body.contains("Network"), "readyz names the kind: {body}");
-    let narrowed_cell = kube::Client::try_from(
-        kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(&narrowed.cell_kubeconfig)?,
-            &Default::default(),
-        )
-        .await?,
-    )?;
+    let narrowed_cell = replicator_e2e::kubeconfig::client(&narrowed.cell_kubeconfig).await?;
     assert!(
         fixtures::get(&narrowed_cell, &net, &ns, "ghost").await?.is_none(),
         "the confirming read works and finds the source gone"
@@ -400,7 +434,7 @@ async fn a_kind_whose_cell_watch_never_listed_is_not_swept() -> TestResult {
     b.terminate(Duration::from_secs(10)).await?;
 
     // It was an orphan: the same replica with the shipped RBAC collects it at once.
-    let c = spawn(&env, ReplicatorSpec::new(CELL_A).location(&loc).identity(identity)).await;
+    let c = spawn(&env, scoped(&env, &ns, &loc).identity(identity)).await;
     fixtures::wait_gone(&hub, &net, &ns, &orphan_name, CONVERGE).await?;
     assert_eq!(c.metric("replicator_sweep_deleted_total", &kind).await?, Some(1.0));
     assert_eq!(copies(&hub, &ns, &loc).await, [copy_name(&ns, "live", &loc)]);
