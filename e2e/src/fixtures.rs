@@ -49,6 +49,53 @@ pub fn kind(rule: &str) -> Result<ResourceKind> {
         .ok_or_else(|| Error::Scenario(format!("no default rule named {rule}")))
 }
 
+/// Label marking the sources of one scenario, its namespace as value (see [`scenario_rules`]).
+pub const SCENARIO_LABEL: &str = "e2e.replicator.datumapis.com/scenario";
+
+/// Writes a rules file, `<env>/scratch/<namespace>-rules.yaml`, under which the only sources
+/// are objects of the default rules named in `rules` that carry [`SCENARIO_LABEL`]`=<namespace>`
+/// (each rule is the default, its selector narrowed by that label), and every other default rule
+/// is disabled. Returns its path, for `--rules`.
+///
+/// Scenarios run side by side and all route their namespaces in cell-a, so a replicator of any
+/// location mirrors every scenario's sources there. One that counts what its location wrote or
+/// swept (an exact `replicator_sweep_deleted_total`, the copies held) runs under these rules and
+/// labels its sources ([`scenario_labelled`]); the others need not.
+///
+/// # Errors
+/// [`Error::Scenario`] for a name that is no default rule; I/O errors writing the file.
+pub fn scenario_rules(env: &Environment, namespace: &str, rules: &[&str]) -> Result<std::path::PathBuf> {
+    let defaults = default_rules();
+    if let Some(unknown) = rules.iter().find(|n| !defaults.iter().any(|r| r.name == **n)) {
+        return Err(Error::Scenario(format!("no default rule named {unknown}")));
+    }
+    let mut entries = Vec::new();
+    for rule in defaults {
+        if !rules.contains(&rule.name.as_str()) {
+            entries.push(json!({"name": rule.name, "enabled": false}));
+            continue;
+        }
+        let mut entry = serde_json::to_value(&rule).map_err(|e| Error::Scenario(format!("rule {}: {e}", rule.name)))?;
+        entry["sourceSelector"]["matchLabels"][SCENARIO_LABEL] = json!(namespace);
+        entries.push(entry);
+    }
+    let path = env.dir().join("scratch").join(format!("{namespace}-rules.yaml"));
+    std::fs::create_dir_all(env.dir().join("scratch"))
+        .map_err(crate::error::io_context("creating the scratch directory"))?;
+    let yaml = serde_saphyr::to_string(&json!({ "rules": entries }))
+        .map_err(|e| Error::Scenario(format!("rules file for {namespace}: {e}")))?;
+    std::fs::write(&path, &yaml).map_err(crate::error::io_context(format!("writing {}", path.display())))?;
+    Ok(path)
+}
+
+/// `object` (a fixture of namespace `metadata.namespace`) labelled as a source of its
+/// scenario's [`scenario_rules`].
+pub fn scenario_labelled(mut object: Value) -> Value {
+    let namespace = object["metadata"]["namespace"].clone();
+    object["metadata"]["labels"][SCENARIO_LABEL] = namespace;
+    object
+}
+
 /// A short random lowercase suffix, so scenarios never collide with earlier runs.
 pub fn unique(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now()

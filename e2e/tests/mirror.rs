@@ -274,19 +274,20 @@ async fn a_source_deleted_while_stopped_is_collected_after_restart() -> TestResu
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let es = fixtures::resource("endpointslices")?;
-    let mut r = start(&env, CELL_A, &loc, &[]).await;
+    // Its own sources only (fixtures::scenario_rules): what the sweep collects is its own.
+    let rules = fixtures::scenario_rules(&env, &ns, &["endpointslices"])?
+        .display()
+        .to_string();
+    let scoped = ["--rules", rules.as_str()];
+    let mut r = start(&env, CELL_A, &loc, &scoped).await;
     for name in ["keep", "drop"] {
-        fixtures::apply(
-            &cell,
-            &es,
-            &fixtures::galactic_slice(&ns, name, json!([fixtures::pod_endpoint("fd20::1", name)]), None),
-        )
-        .await?;
+        let slice = fixtures::galactic_slice(&ns, name, json!([fixtures::pod_endpoint("fd20::1", name)]), None);
+        fixtures::apply(&cell, &es, &fixtures::scenario_labelled(slice)).await?;
         fixtures::wait_for(&hub, &es, &ns, &copy_name(&ns, name, &loc), CONVERGE, "copy", |_| true).await?;
     }
     r.kill().await?;
     fixtures::delete(&cell, &es, &ns, "drop").await?;
-    let r = start(&env, CELL_A, &loc, &[]).await;
+    let r = start(&env, CELL_A, &loc, &scoped).await;
     fixtures::wait_gone(&hub, &es, &ns, &copy_name(&ns, "drop", &loc), CONVERGE).await?;
     assert!(
         fixtures::get(&hub, &es, &ns, &copy_name(&ns, "keep", &loc))

@@ -36,20 +36,32 @@ async fn a_30_second_hub_outage_converges_with_nothing_lost() -> Result<(), Box<
         &env,
         ReplicatorSpec::new(CELL_A)
             .location(&loc)
-            .args(["--sweep-interval", "5s"]),
+            .args(["--sweep-interval", "5s", "--rules"])
+            .arg(fixtures::scenario_rules(
+                &env,
+                &ns,
+                &["endpointslices", "networkinterfaces"],
+            )?),
     )
     .await?;
     r.wait_ready(Duration::from_secs(60)).await?;
 
-    let slice =
-        |name: &str, addr: &str| fixtures::galactic_slice(&ns, name, json!([fixtures::pod_endpoint(addr, name)]), None);
+    // Its own sources only (fixtures::scenario_rules): the withdrawals counted below are its own.
+    let slice = |name: &str, addr: &str| {
+        fixtures::scenario_labelled(fixtures::galactic_slice(
+            &ns,
+            name,
+            json!([fixtures::pod_endpoint(addr, name)]),
+            None,
+        ))
+    };
     for i in 0..10 {
         fixtures::apply(&cell, &es, &slice(&format!("before-{i}"), "fd20::10")).await?;
     }
     fixtures::apply(
         &cell,
         &ni,
-        &fixtures::network_interface(&ns, "nic", "default", "claim", "web", &loc),
+        &fixtures::scenario_labelled(fixtures::network_interface(&ns, "nic", "default", "claim", "web", &loc)),
     )
     .await?;
     {

@@ -37,56 +37,17 @@ async fn routed(env: &Environment, ns: &str) {
         .unwrap();
 }
 
-/// Label that marks the sources of one scenario (see [`scenario_rules`]).
-const SCENARIO_LABEL: &str = "e2e.replicator.datumapis.com/scenario";
-
-/// A rules file under which only the Networks labelled [`SCENARIO_LABEL`]`=<ns>` are sources
-/// and the other default kinds are not mirrored. The scenarios that run beside it route their
-/// namespaces too; without it, their Networks in cell-a would be this location's copies as well,
-/// and a pass's counts would depend on what they did meanwhile.
-fn scenario_rules(env: &Environment, ns: &str) -> std::path::PathBuf {
-    let path = env.dir().join("scratch").join(format!("{ns}-rules.yaml"));
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let mut yaml = format!(
-        "rules:\n  - name: networks\n    resource: {{group: networking.datumapis.com, version: v1alpha, kind: Network, plural: networks}}\n    sourceSelector: {{matchLabels: {{{SCENARIO_LABEL}: {ns}}}}}\n"
-    );
-    for (name, group, version, kind) in [
-        (
-            "networkcontexts",
-            "networking.datumapis.com",
-            "v1alpha",
-            "NetworkContext",
-        ),
-        ("subnets", "networking.datumapis.com", "v1alpha", "Subnet"),
-        (
-            "networkinterfaces",
-            "networking.datumapis.com",
-            "v1alpha",
-            "NetworkInterface",
-        ),
-        ("endpointslices", "discovery.k8s.io", "v1", "EndpointSlice"),
-    ] {
-        yaml.push_str(&format!(
-            "  - name: {name}\n    resource: {{group: {group}, version: {version}, kind: {kind}, plural: {name}}}\n    enabled: false\n"
-        ));
-    }
-    std::fs::write(&path, yaml).unwrap();
-    path
-}
-
 /// `replicator run` for cell-a as `location`, with only the Networks of `ns` as sources.
 fn scoped(env: &Environment, ns: &str, location: &str) -> ReplicatorSpec {
     ReplicatorSpec::new(CELL_A)
         .location(location)
         .arg("--rules")
-        .arg(scenario_rules(env, ns))
+        .arg(fixtures::scenario_rules(env, ns, &["networks"]).unwrap())
 }
 
-/// Network `name` in `ns`, a source under [`scenario_rules`] of `ns`.
+/// Network `name` in `ns`, a source under [`scoped`].
 fn network(ns: &str, name: &str) -> Value {
-    let mut network = fixtures::network(ns, name);
-    network["metadata"]["labels"] = json!({ SCENARIO_LABEL: ns });
-    network
+    fixtures::scenario_labelled(fixtures::network(ns, name))
 }
 
 async fn spawn(env: &Environment, spec: ReplicatorSpec) -> ReplicatorProcess {
