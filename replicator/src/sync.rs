@@ -119,24 +119,36 @@ impl ErrorClass {
     }
 }
 
-/// Whether the apiserver refused a write because it would change an immutable field (422, a
-/// cause or message `field is immutable`, as built-in kinds say, e.g. an EndpointSlice's
-/// `addressType`): the object must be replaced, not patched.
+/// Whether the apiserver refused a write because it would change an immutable field (422,
+/// reason `Invalid`, a cause whose message carries apimachinery's `field is immutable`, as
+/// built-in kinds say, e.g. an EndpointSlice's `addressType`): the object must be replaced, not
+/// patched. Read from the status details, never from the top-level message.
 pub fn is_immutable_change(status: &kube::core::Status) -> bool {
     const IMMUTABLE: &str = "field is immutable";
     status.code == 422
-        && (status.message.contains(IMMUTABLE)
-            || status
-                .details
-                .as_ref()
-                .is_some_and(|d| d.causes.iter().any(|c| c.message.contains(IMMUTABLE))))
+        && status.reason == "Invalid"
+        && status
+            .details
+            .as_ref()
+            .is_some_and(|d| d.causes.iter().any(|c| c.message.contains(IMMUTABLE)))
 }
 
-/// Classifies a Kubernetes client error.
+/// Whether a 404 names the namespace, not the object: the apiserver's NotFound for a request into
+/// a namespace that does not exist carries details `{kind: namespaces, group: ""}`.
+fn is_namespace_missing(status: &kube::core::Status) -> bool {
+    status.code == 404
+        && status
+            .details
+            .as_ref()
+            .is_some_and(|d| d.kind == "namespaces" && d.group.is_empty())
+}
+
+/// Classifies a Kubernetes client error by its HTTP code and the status details (never by
+/// message text).
 pub fn classify(err: &kube::Error) -> ErrorClass {
     match err {
         kube::Error::Api(status) => match status.code {
-            404 if status.message.contains("namespaces \"") => ErrorClass::NamespaceMissing,
+            404 if is_namespace_missing(status) => ErrorClass::NamespaceMissing,
             404 => ErrorClass::Invalid,
             401 | 403 => ErrorClass::Forbidden,
             400 | 422 => ErrorClass::Invalid,
@@ -1677,12 +1689,33 @@ mod tests {
                 ..kube::core::Status::default()
             }))
         };
-        let missing_ns = kube::Error::Api(Box::new(kube::core::Status {
-            code: 404,
-            message: "namespaces \"ns-1\" not found".into(),
-            ..kube::core::Status::default()
-        }));
+        let not_found = |kind: &str, group: &str, message: &str| {
+            kube::Error::Api(Box::new(kube::core::Status {
+                code: 404,
+                reason: "NotFound".into(),
+                message: message.into(),
+                details: Some(kube::core::response::StatusDetails {
+                    name: "ns-1".into(),
+                    group: group.into(),
+                    kind: kind.into(),
+                    uid: String::new(),
+                    causes: vec![],
+                    retry_after_seconds: 0,
+                }),
+                ..kube::core::Status::default()
+            }))
+        };
+        // What kube-apiserver answers for a write into a namespace that does not exist.
+        let missing_ns = not_found("namespaces", "", "namespaces \"ns-1\" not found");
         assert_eq!(classify(&missing_ns), ErrorClass::NamespaceMissing);
+        // The message alone decides nothing: an object's 404 that happens to say "namespaces".
+        let object = not_found("endpointslices", "discovery.k8s.io", "namespaces \"ns-1\" not found");
+        assert_eq!(classify(&object), ErrorClass::Invalid);
+        // A CRD whose plural is `namespaces` in another group is not the namespace.
+        assert_eq!(
+            classify(&not_found("namespaces", "example.com", "")),
+            ErrorClass::Invalid
+        );
         assert_eq!(classify(&api(404)), ErrorClass::Invalid);
         assert_eq!(classify(&api(403)), ErrorClass::Forbidden);
         assert_eq!(
@@ -1700,6 +1733,7 @@ mod tests {
     fn immutable_field_refusals_are_told_apart() {
         let status = |code: u16, message: &str, cause: Option<&str>| kube::core::Status {
             code,
+            reason: if code == 422 { "Invalid" } else { "Conflict" }.into(),
             message: message.into(),
             details: cause.map(|c| kube::core::response::StatusDetails {
                 name: "web-dfw".into(),
@@ -1716,7 +1750,8 @@ mod tests {
             ..kube::core::Status::default()
         };
         let immutable = "EndpointSlice.discovery.k8s.io \"web-dfw\" is invalid: addressType: Invalid value: \"IPv4\": field is immutable";
-        assert!(is_immutable_change(&status(422, immutable, None)));
+        // The message alone decides nothing: the causes are the apiserver's structured answer.
+        assert!(!is_immutable_change(&status(422, immutable, None)));
         assert!(is_immutable_change(&status(
             422,
             "is invalid",
