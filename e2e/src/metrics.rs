@@ -43,6 +43,29 @@ pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f
         .map(|sample| sample.value)
 }
 
+/// The value of counter `name` (its sample name, `..._total`) for `labels`: the first matching
+/// sample's value, `Some(0.0)` when the exposition declares the counter (a `# TYPE` line for
+/// `name` or, as OpenMetrics writes it, `name` without `_total`) but has no sample with those
+/// labels yet (a labelled counter appears on its first increment), and `None` when it does not
+/// declare it at all: a metric that is missing is not read as zero.
+///
+/// ```
+/// let text = "# TYPE writes counter\nwrites_total{op=\"create\"} 3\n";
+/// assert_eq!(replicator_e2e::metrics::counter_value(text, "writes_total", &[("op", "create")]), Some(3.0));
+/// assert_eq!(replicator_e2e::metrics::counter_value(text, "writes_total", &[("op", "delete")]), Some(0.0));
+/// assert_eq!(replicator_e2e::metrics::counter_value(text, "deletes_total", &[]), None);
+/// ```
+pub fn counter_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let family = name.strip_suffix("_total").unwrap_or(name);
+    let declared = text.lines().any(|line| {
+        let mut words = line.split_whitespace();
+        words.next() == Some("#")
+            && words.next() == Some("TYPE")
+            && words.next().is_some_and(|n| n == name || n == family)
+    });
+    metric_value(text, name, labels).or(declared.then_some(0.0))
+}
+
 fn parse_line(line: &str) -> Option<Sample> {
     let line = line.trim();
     if line.is_empty() || line.starts_with('#') {

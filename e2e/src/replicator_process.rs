@@ -16,7 +16,7 @@ use tokio::process::{Child, Command};
 use crate::cluster::Cluster;
 use crate::controlplane::Environment;
 use crate::error::{Error, Result, io_context};
-use crate::metrics::metric_value;
+use crate::metrics::{counter_value, metric_value};
 use crate::paths;
 use crate::process::log_tail;
 use crate::wait::{self, Check};
@@ -392,6 +392,17 @@ impl ReplicatorProcess {
     /// Scrapes `/metrics` and returns one value (see [`metric_value`]).
     pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> Result<Option<f64>> {
         Ok(metric_value(&self.scrape_metrics().await?, name, labels))
+    }
+
+    /// Scrapes `/metrics` and returns counter `name` for `labels` (see [`counter_value`]): zero
+    /// before its first increment.
+    ///
+    /// # Errors
+    /// [`Error::Scenario`] when the exposition does not declare the counter (a renamed or
+    /// misspelt metric fails instead of reading as zero); scrape errors.
+    pub async fn counter(&self, name: &str, labels: &[(&str, &str)]) -> Result<f64> {
+        counter_value(&self.scrape_metrics().await?, name, labels)
+            .ok_or_else(|| Error::Scenario(format!("replicator {} declares no counter {name}", self.location())))
     }
 
     /// Whether the process has exited (and how), without waiting.

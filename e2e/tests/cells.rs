@@ -124,12 +124,12 @@ async fn a_second_cell_claiming_a_location_is_refused_and_touches_nothing() -> a
         assert_eq!(second.metric("replicator_writes_total", &labels).await?, None, "{op}");
     }
     let sweeps = second
-        .metric(
+        .counter(
             "replicator_sweep_deleted_total",
             &[("kind", "EndpointSlice"), ("location", &loc)],
         )
         .await?;
-    assert_eq!(sweeps, None, "cell-b swept nothing");
+    assert_eq!(sweeps, 0.0, "cell-b swept nothing");
 
     // cell-a's source goes: cell-a withdraws its copy, no other cell's copy is left under the
     // location, and cell-b publishes.

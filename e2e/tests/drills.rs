@@ -196,7 +196,7 @@ async fn tidy(
 }
 
 async fn metric(r: &ReplicatorProcess, name: &str, labels: &[(&str, &str)]) -> f64 {
-    r.metric(name, labels).await.unwrap().unwrap_or(0.0)
+    r.counter(name, labels).await.unwrap()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -451,10 +451,7 @@ async fn assert_stays_converged(r: &ReplicatorProcess, cell: &Client, hub: &Clie
         Duration::from_secs(60),
         "a whole sweep pass after convergence",
         || async {
-            let n = r
-                .metric("replicator_sweep_runs_total", &[("location", loc)])
-                .await?
-                .unwrap_or(0.0);
+            let n = r.counter("replicator_sweep_runs_total", &[("location", loc)]).await?;
             Ok::<_, replicator_e2e::Error>((n >= runs + 2.0).then_some(()))
         },
     )

@@ -442,7 +442,7 @@ async fn shards_families_and_multiple_networks() -> TestResult {
     let api = Api::<NetworkService>::namespaced(hub.clone(), &ns);
     let metric = |name: &'static str| {
         let m = &_m;
-        async move { m.metric(name, &[]).await.unwrap().unwrap_or(0.0) }
+        async move { m.counter(name, &[]).await.unwrap() }
     };
     let (passes, writes) = (
         metric("replicator_membership_passes_total").await,

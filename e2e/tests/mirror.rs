@@ -724,9 +724,8 @@ async fn a_hub_name_taken_by_an_object_not_ours_is_reported_and_never_touched() 
     }
     fixtures::wait_gone(&hub, &es, &ns, &copy_name(&ns, "pod-f", &loc), CONVERGE).await?;
     let swept = r
-        .metric("replicator_sweep_runs_total", &[("location", loc.as_str())])
-        .await?
-        .unwrap_or_default();
+        .counter("replicator_sweep_runs_total", &[("location", loc.as_str())])
+        .await?;
     replicator_e2e::wait::until(Duration::from_secs(30), "two more sweeps", || async {
         let n = r
             .metric("replicator_sweep_runs_total", &[("location", loc.as_str())])

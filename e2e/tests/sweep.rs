@@ -150,11 +150,8 @@ async fn the_delete_cap_spreads_orphans_over_passes_each_within_the_cap() -> Tes
         let samples = &samples;
         async move {
             let left = copies(hub, ns, loc).await.len() - 1;
-            let runs = r.metric("replicator_sweep_runs_total", &location).await?.unwrap_or(0.0);
-            let deleted = r
-                .metric("replicator_sweep_deleted_total", &deleted_labels)
-                .await?
-                .unwrap_or(0.0);
+            let runs = r.counter("replicator_sweep_runs_total", &location).await?;
+            let deleted = r.counter("replicator_sweep_deleted_total", &deleted_labels).await?;
             samples.lock().unwrap().push((runs, deleted, left));
             Ok::<_, replicator_e2e::Error>(if left == 0 {
                 wait::Check::Ready(())
@@ -264,11 +261,8 @@ async fn a_failed_cell_read_keeps_the_copy() -> TestResult {
     a.terminate(Duration::from_secs(10)).await?;
     wait_metric(&b, "replicator_leader", &location, CONVERGE, |n| n == 1.0).await;
     wait_metric(&b, "replicator_cell_up", &location, CONVERGE, |n| n == 0.0).await;
-    let runs = b.metric("replicator_sweep_runs_total", &location).await?;
-    assert!(
-        matches!(runs, None | Some(0.0)),
-        "the pass waits on the cell read: {runs:?}"
-    );
+    let runs = b.counter("replicator_sweep_runs_total", &location).await?;
+    assert_eq!(runs, 0.0, "the pass waits on the cell read");
 
     // The link comes back and closes the held connection: the read fails, the pass ends.
     proxy.restore();
@@ -277,8 +271,8 @@ async fn a_failed_cell_read_keeps_the_copy() -> TestResult {
         fixtures::get(&hub, &net, &ns, &orphan_name).await?.is_some(),
         "the copy whose confirming read failed is kept"
     );
-    let deleted = b.metric("replicator_sweep_deleted_total", &kind).await?;
-    assert!(matches!(deleted, None | Some(0.0)), "nothing swept: {deleted:?}");
+    let deleted = b.counter("replicator_sweep_deleted_total", &kind).await?;
+    assert_eq!(deleted, 0.0, "nothing swept");
     let kept = log_lines(&b, "cell read failed; copy kept");
     assert!(
         kept.iter().any(|l| l["source"] == format!("{ns}/ghost")),
@@ -385,8 +379,8 @@ async fn a_kind_whose_cell_watch_never_listed_is_not_swept() -> TestResult {
         fixtures::get(&hub, &net, &ns, &orphan_name).await?.is_some(),
         "the orphan of a kind whose watch never listed is kept"
     );
-    let deleted = b.metric("replicator_sweep_deleted_total", &kind).await?;
-    assert!(matches!(deleted, None | Some(0.0)), "nothing swept: {deleted:?}");
+    let deleted = b.counter("replicator_sweep_deleted_total", &kind).await?;
+    assert_eq!(deleted, 0.0, "nothing swept");
     let skipped = log_lines(&b, "sweep done")
         .iter()
         .filter(|l| l["skipped"].as_str().is_some_and(|s| s.contains("\"Network\"")))

@@ -453,6 +453,15 @@ impl CellSync {
         let queue = Arc::new(WorkQueue::with_depth(metrics.queue_depth.get_or_create(&depth).clone()));
         // Exported from the start: 0 until another cell's copy is seen under this location.
         metrics.location_conflict.get_or_create(&depth).set(0);
+        // The counters alerts take the increase of are exported at 0 from the start, so that
+        // their first increment is an increase (a series born at 1 shows none) and a scrape
+        // tells "nothing swept" from "no such metric".
+        metrics.sweep_runs.get_or_create(&depth).inc_by(0);
+        for state in &states {
+            let state: &RuleState = state;
+            metrics.sweep_deleted.get_or_create(&state.labels).inc_by(0);
+            metrics.withdrawn.get_or_create(&state.labels).inc_by(0);
+        }
         let this = Self {
             field_manager: format!("replicator-{}", settings.location),
             settings,
