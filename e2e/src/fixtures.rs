@@ -991,6 +991,19 @@ impl Teardown {
         }
     }
 
+    /// The teardown of a scenario in namespace `namespace` of every cluster (as
+    /// [`routed_namespace`] makes it: on the hub, delivered by Karmada to every member) whose
+    /// `replicator run` processes ran as `locations`: the namespace everywhere and each location's
+    /// hub Lease.
+    pub fn scenario(env: &Environment, namespace: &str, locations: &[&str]) -> Teardown {
+        let mut teardown = Teardown::new(env);
+        teardown.namespace(&Cluster::ALL, namespace);
+        for location in locations {
+            teardown.lease(&format!("replicator-{location}"));
+        }
+        teardown
+    }
+
     /// Removes namespace `name` from each of `clusters`.
     pub fn namespace(&mut self, clusters: &[Cluster], name: &str) {
         self.namespaces.extend(clusters.iter().map(|c| (*c, name.to_owned())));

@@ -73,6 +73,7 @@ async fn a_galactic_slice_reaches_every_gateway_and_is_never_mirrored_back() -> 
     let env = Environment::ensure_up().await?;
     apply_policies(&env).await;
     let ns = unique("deliver");
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &["dfw", "sjc"]);
     fixtures::routed_namespace(&env, &ns).await?;
     let es = fixtures::resource("endpointslices")?;
     let ra = start(&env, cell_spec(CELL_A)).await;
@@ -184,6 +185,7 @@ async fn two_cells_publishing_the_same_name_give_two_copies_everywhere() -> Test
     let env = Environment::ensure_up().await?;
     apply_policies(&env).await;
     let ns = unique("twins");
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &["dfw", "sjc"]);
     fixtures::routed_namespace(&env, &ns).await?;
     let es = fixtures::resource("endpointslices")?;
     let _ra = start(&env, cell_spec(CELL_A)).await;
@@ -224,6 +226,7 @@ async fn a_network_context_reaches_only_its_cell_and_a_network_stays_on_the_hub(
     let env = Environment::ensure_up().await?;
     apply_policies(&env).await;
     let ns = unique("ctx");
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &["dfw", "sjc"]);
     fixtures::routed_namespace(&env, &ns).await?;
     let _ra = start(&env, cell_spec(CELL_A)).await;
     let cell_a = env.client(CELL_A).await?;
@@ -311,6 +314,7 @@ async fn network_service_slices_reach_the_gateway_clusters() -> TestResult {
     let env = Environment::ensure_up().await?;
     apply_policies(&env).await;
     let (ns, workload) = (unique("svcdeliver"), unique("wl"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &["dfw", "sjc"]);
     fixtures::routed_namespace(&env, &ns).await?;
     let _ra = start(&env, cell_spec(CELL_A)).await;
     let _m = start(&env, ReplicatorSpec::membership()).await;

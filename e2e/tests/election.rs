@@ -144,6 +144,7 @@ fn count_lines(p: &ReplicatorProcess, needle: &str) -> usize {
 async fn the_standby_completes_a_burst_when_the_leader_is_killed() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc) = (unique("elect"), unique("loc"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc]);
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let ni = fixtures::resource("networkinterfaces")?;
@@ -216,6 +217,7 @@ async fn the_standby_completes_a_burst_when_the_leader_is_killed() -> TestResult
 async fn a_stopping_leader_releases_the_lease_and_the_standby_takes_over_at_once() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc) = (unique("handover"), unique("loc"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc]);
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let ni = fixtures::resource("networkinterfaces")?;
@@ -252,6 +254,8 @@ async fn a_leader_renews_its_lease_once_per_renewal_interval() -> TestResult {
     // renewal on every Lease event renewed in a loop, ~13 Lease requests per second.
     let env = Environment::ensure_up().await?;
     let loc = unique("renew");
+    let mut teardown = fixtures::Teardown::new(&env);
+    teardown.lease(&format!("replicator-{loc}"));
     let p = start(&env, ReplicatorSpec::new(CELL_A).location(&loc)).await;
     sole_leader(&[&p], &loc, Duration::from_secs(30)).await;
     let before = lease_requests(&p).await;
@@ -274,6 +278,7 @@ async fn a_leader_renews_its_lease_once_per_renewal_interval() -> TestResult {
 async fn one_process_serves_two_cells_with_a_lease_each() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc_a, loc_b) = (unique("multi"), unique("loca"), unique("locb"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc_a, &loc_b]);
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell_a, cell_b, hub) = (
         env.client(CELL_A).await?,
@@ -333,6 +338,7 @@ async fn one_process_serves_two_cells_with_a_lease_each() -> TestResult {
 async fn an_unreachable_cell_is_withdrawn_after_its_grace_period_and_restored_when_it_returns() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, withdrawn, kept) = (unique("unreach"), unique("wd"), unique("keep"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&withdrawn, &kept]);
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell, hub) = (env.client(CELL_B).await?, env.client(HUB).await?);
     let ni = fixtures::resource("networkinterfaces")?;

@@ -59,6 +59,7 @@ async fn error_counted_with_event(
 async fn create_update_and_delete_in_a_cell_reach_the_hub_copy() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc) = (unique("crud"), unique("loc"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc]);
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let _r = start(&env, CELL_A, &loc, &[]).await;
@@ -98,6 +99,7 @@ async fn create_update_and_delete_in_a_cell_reach_the_hub_copy() -> TestResult {
 async fn labels_follow_the_allow_list_and_a_dropped_label_leaves_the_copy() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc) = (unique("labels"), unique("loc"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc]);
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let _r = start(&env, CELL_A, &loc, &[]).await;
@@ -153,6 +155,7 @@ async fn labels_follow_the_allow_list_and_a_dropped_label_leaves_the_copy() -> T
 async fn interface_copies_drop_cell_fields_and_carry_phase_and_conditions() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc) = (unique("proj"), unique("loc"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc]);
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let _r = start(&env, CELL_A, &loc, &[]).await;
@@ -216,6 +219,7 @@ async fn interface_copies_drop_cell_fields_and_carry_phase_and_conditions() -> T
 async fn galactic_slices_cross_verbatim_without_owner_references() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc) = (unique("es"), unique("loc"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc]);
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let _r = start(&env, CELL_A, &loc, &[]).await;
@@ -271,6 +275,7 @@ async fn galactic_slices_cross_verbatim_without_owner_references() -> TestResult
 async fn a_source_deleted_while_stopped_is_collected_after_restart() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc) = (unique("gone"), unique("loc"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc]);
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let es = fixtures::resource("endpointslices")?;
@@ -309,6 +314,7 @@ async fn a_source_deleted_while_stopped_is_collected_after_restart() -> TestResu
 async fn copies_edited_or_deleted_on_the_hub_are_repaired_and_other_locations_untouched() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc, other) = (unique("repair"), unique("loc"), unique("other"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc, &other]);
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let ni = fixtures::resource("networkinterfaces")?;
@@ -396,6 +402,7 @@ async fn copies_edited_or_deleted_on_the_hub_are_repaired_and_other_locations_un
 async fn an_unroutable_namespace_is_not_published_and_is_counted() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc) = (unique("unrouted"), unique("loc"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc]);
     fixtures::namespace(&env, &[CELL_A, HUB], &ns, false).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let r = start(&env, CELL_A, &loc, &[]).await;
@@ -453,6 +460,7 @@ async fn an_unroutable_namespace_is_not_published_and_is_counted() -> TestResult
 async fn copies_and_karmada_managed_objects_are_never_mirrored() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc) = (unique("loop"), unique("loc"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc]);
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let es = fixtures::resource("endpointslices")?;
@@ -493,6 +501,7 @@ async fn copies_and_karmada_managed_objects_are_never_mirrored() -> TestResult {
 async fn a_slice_with_zero_endpoints_is_neither_published_nor_withdrawn() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc) = (unique("empty"), unique("loc"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc]);
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let es = fixtures::resource("endpointslices")?;
@@ -542,6 +551,7 @@ async fn a_slice_with_zero_endpoints_is_neither_published_nor_withdrawn() -> Tes
 async fn a_250_character_source_name_yields_a_valid_unique_stable_copy_name() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc) = (unique("long"), unique("loc"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc]);
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let es = fixtures::resource("endpointslices")?;
@@ -620,6 +630,7 @@ async fn a_250_character_source_name_yields_a_valid_unique_stable_copy_name() ->
 async fn two_cells_publishing_the_same_name_produce_two_copies() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc_a, loc_b) = (unique("twin"), unique("a"), unique("b"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc_a, &loc_b]);
     fixtures::routed_namespace(&env, &ns).await?;
     let hub = env.client(HUB).await?;
     let es = fixtures::resource("endpointslices")?;
@@ -683,6 +694,7 @@ async fn two_cells_publishing_the_same_name_produce_two_copies() -> TestResult {
 async fn a_hub_name_taken_by_an_object_not_ours_is_reported_and_never_touched() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc) = (unique("taken"), unique("loc"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc]);
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let es = fixtures::resource("endpointslices")?;
@@ -747,6 +759,7 @@ async fn a_hub_name_taken_by_an_object_not_ours_is_reported_and_never_touched() 
 async fn a_missing_hub_kubeconfig_is_waited_for_not_ready() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc) = (unique("waiting"), unique("loc"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc]);
     fixtures::routed_namespace(&env, &ns).await?;
     let dir = env.dir().join("scratch").join(&loc);
     std::fs::create_dir_all(&dir)?;
@@ -787,6 +800,7 @@ async fn a_missing_hub_kubeconfig_is_waited_for_not_ready() -> TestResult {
 async fn a_missing_hub_namespace_is_waited_for_never_created() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc) = (unique("nohubns"), unique("loc"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc]);
     fixtures::namespace(&env, &[CELL_A], &ns, true).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let r = start(&env, CELL_A, &loc, &[]).await;
@@ -830,6 +844,7 @@ async fn a_missing_hub_namespace_is_waited_for_never_created() -> TestResult {
 async fn a_source_that_cannot_be_copied_gets_an_event_and_a_metric_and_others_flow() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc) = (unique("badsrc"), unique("loc"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc]);
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let r = start(&env, CELL_A, &loc, &[]).await;
@@ -929,6 +944,7 @@ async fn a_source_that_cannot_be_copied_gets_an_event_and_a_metric_and_others_fl
 async fn a_kind_missing_on_the_hub_does_not_stall_the_others() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc) = (unique("stall"), unique("loc"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc]);
     fixtures::routed_namespace(&env, &ns).await?;
     let rules = env.dir().join("scratch").join(format!("{loc}-rules.yaml"));
     std::fs::create_dir_all(rules.parent().unwrap())?;

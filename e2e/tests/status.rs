@@ -97,6 +97,7 @@ async fn lag_count(process: &ReplicatorProcess, kind: &str) -> Option<f64> {
 async fn status_reports_copies_sources_drift_and_lag_per_location() -> TestResult {
     let env = Environment::ensure_up().await?;
     let ns = unique("status");
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &["dfw", "sjc"]);
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell_a, cell_b, hub) = (
         env.client(CELL_A).await?,
@@ -369,6 +370,7 @@ async fn status_fails_clearly_when_the_hub_is_unreachable() -> TestResult {
 async fn json_logs_carry_cluster_kind_namespace_and_name() -> TestResult {
     let env = Environment::ensure_up().await?;
     let (ns, loc) = (unique("jsonlog"), unique("loc"));
+    let _teardown = fixtures::Teardown::scenario(&env, &ns, &[&loc]);
     fixtures::routed_namespace(&env, &ns).await?;
     let (cell, hub) = (env.client(CELL_A).await?, env.client(HUB).await?);
     let ni = fixtures::resource("networkinterfaces")?;
