@@ -965,8 +965,8 @@ pub fn vpc_attachment(
     })
 }
 
-/// Removes what a scenario made when dropped, pass or fail: the identities it composed, its
-/// namespaces (the namespace controllers of the hub and the cells delete the sources, copies and
+/// Removes what a scenario made when dropped, pass or fail: the identities it composed, the
+/// cluster-scoped hub objects it applied (Karmada policies), its namespaces (the namespace controllers of the hub and the cells delete the sources, copies and
 /// services in them) and the hub Leases its processes elected on (in [`crate::rbac::NAMESPACE`]).
 /// The locations' hub identities its processes ran as ([`crate::rbac::Identities::hub_kubeconfig_for`])
 /// stay: they are environment fixtures, which another scenario may be running as.
@@ -976,6 +976,8 @@ pub struct Teardown {
     kubeconfigs: BTreeMap<Cluster, std::path::PathBuf>,
     namespaces: Vec<(Cluster, String)>,
     leases: Vec<String>,
+    hub_objects: Vec<(String, String)>,
+    hub_manifests: Vec<std::path::PathBuf>,
     identities: Vec<ComposedIdentity>,
 }
 
@@ -987,6 +989,8 @@ impl Teardown {
             kubeconfigs: Cluster::ALL.into_iter().map(|c| (c, env.kubeconfig_path(c))).collect(),
             namespaces: Vec::new(),
             leases: Vec::new(),
+            hub_objects: Vec::new(),
+            hub_manifests: Vec::new(),
             identities: Vec::new(),
         }
     }
@@ -1012,6 +1016,18 @@ impl Teardown {
     /// Removes hub Lease `name` (of `replicator run`: `replicator-<location>`).
     pub fn lease(&mut self, name: &str) {
         self.leases.push(name.to_owned());
+    }
+
+    /// Removes cluster-scoped hub object `name` of `resource` (as kubectl names it, e.g.
+    /// `clusterpropagationpolicies.policy.karmada.io`).
+    pub fn hub_object(&mut self, resource: &str, name: &str) {
+        self.hub_objects.push((resource.to_owned(), name.to_owned()));
+    }
+
+    /// Removes the hub objects manifest `path` holds (as `kubectl delete -f`, waiting for
+    /// their finalizers).
+    pub fn hub_manifest(&mut self, path: &std::path::Path) {
+        self.hub_manifests.push(path.to_owned());
     }
 
     /// Removes what `identity` applied.
@@ -1040,6 +1056,13 @@ impl Drop for Teardown {
     fn drop(&mut self) {
         for identity in &self.identities {
             identity.remove();
+        }
+        for path in &self.hub_manifests {
+            let path = path.display().to_string();
+            self.kubectl(Cluster::Hub, &["delete", "-f", &path, "--ignore-not-found"]);
+        }
+        for (resource, name) in &self.hub_objects {
+            self.kubectl(Cluster::Hub, &["delete", resource, name, "--ignore-not-found"]);
         }
         for (cluster, ns) in &self.namespaces {
             self.kubectl(

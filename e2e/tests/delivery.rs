@@ -21,8 +21,10 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 /// Karmada needs a scheduling round and a Work per member; generous on a 2-core machine.
 const DELIVER: Duration = Duration::from_secs(60);
 
-async fn apply_policies(env: &Environment) {
+/// Applies the shipped Karmada policies; `teardown` removes them again.
+async fn apply_policies(env: &Environment, teardown: &mut fixtures::Teardown) {
     let file = paths::workspace_root().join("policies").join("policies.yaml");
+    teardown.hub_manifest(&file);
     env.kubectl_ok(
         HUB,
         [
@@ -71,9 +73,9 @@ async fn names_on(
 #[tokio::test]
 async fn a_galactic_slice_reaches_every_gateway_and_is_never_mirrored_back() -> TestResult {
     let env = Environment::ensure_up().await?;
-    apply_policies(&env).await;
     let ns = unique("deliver");
-    let _teardown = fixtures::Teardown::scenario(&env, &ns, &["dfw", "sjc"]);
+    let mut teardown = fixtures::Teardown::scenario(&env, &ns, &["dfw", "sjc"]);
+    apply_policies(&env, &mut teardown).await;
     fixtures::routed_namespace(&env, &ns).await?;
     let es = fixtures::resource("endpointslices")?;
     let ra = start(&env, cell_spec(CELL_A)).await;
@@ -183,9 +185,9 @@ async fn a_galactic_slice_reaches_every_gateway_and_is_never_mirrored_back() -> 
 #[tokio::test]
 async fn two_cells_publishing_the_same_name_give_two_copies_everywhere() -> TestResult {
     let env = Environment::ensure_up().await?;
-    apply_policies(&env).await;
     let ns = unique("twins");
-    let _teardown = fixtures::Teardown::scenario(&env, &ns, &["dfw", "sjc"]);
+    let mut teardown = fixtures::Teardown::scenario(&env, &ns, &["dfw", "sjc"]);
+    apply_policies(&env, &mut teardown).await;
     fixtures::routed_namespace(&env, &ns).await?;
     let es = fixtures::resource("endpointslices")?;
     let _ra = start(&env, cell_spec(CELL_A)).await;
@@ -224,9 +226,9 @@ async fn two_cells_publishing_the_same_name_give_two_copies_everywhere() -> Test
 #[tokio::test]
 async fn a_network_context_reaches_only_its_cell_and_a_network_stays_on_the_hub() -> TestResult {
     let env = Environment::ensure_up().await?;
-    apply_policies(&env).await;
     let ns = unique("ctx");
-    let _teardown = fixtures::Teardown::scenario(&env, &ns, &["dfw", "sjc"]);
+    let mut teardown = fixtures::Teardown::scenario(&env, &ns, &["dfw", "sjc"]);
+    apply_policies(&env, &mut teardown).await;
     fixtures::routed_namespace(&env, &ns).await?;
     let _ra = start(&env, cell_spec(CELL_A)).await;
     let cell_a = env.client(CELL_A).await?;
@@ -312,9 +314,9 @@ async fn a_network_context_reaches_only_its_cell_and_a_network_stays_on_the_hub(
 #[tokio::test]
 async fn network_service_slices_reach_the_gateway_clusters() -> TestResult {
     let env = Environment::ensure_up().await?;
-    apply_policies(&env).await;
     let (ns, workload) = (unique("svcdeliver"), unique("wl"));
-    let _teardown = fixtures::Teardown::scenario(&env, &ns, &["dfw", "sjc"]);
+    let mut teardown = fixtures::Teardown::scenario(&env, &ns, &["dfw", "sjc"]);
+    apply_policies(&env, &mut teardown).await;
     fixtures::routed_namespace(&env, &ns).await?;
     let _ra = start(&env, cell_spec(CELL_A)).await;
     let _m = start(&env, ReplicatorSpec::membership()).await;

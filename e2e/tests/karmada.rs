@@ -148,6 +148,8 @@ async fn members_are_registered_ready_and_labelled() -> anyhow::Result<()> {
 async fn a_cluster_propagation_policy_carries_a_config_map_to_every_member() -> anyhow::Result<()> {
     let env = environment().await?;
     let ns = unique("karmada-cpp");
+    let mut teardown = replicator_e2e::fixtures::Teardown::scenario(&env, &ns, &[]);
+    teardown.hub_object("clusterpropagationpolicies.policy.karmada.io", &ns);
     hub_namespace(&env, &ns).await?;
     let hub_config_maps: Api<ConfigMap> = Api::namespaced(env.client(HUB).await?, &ns);
     propagate_config_map(&env, &ns, &ns, "greeting", json!({ GATEWAYS_LABEL: GATEWAYS_ENABLED })).await?;
@@ -204,6 +206,8 @@ async fn a_cluster_propagation_policy_carries_a_config_map_to_every_member() -> 
 async fn the_location_label_places_on_one_cell() -> anyhow::Result<()> {
     let env = environment().await?;
     let ns = unique("karmada-loc");
+    let mut teardown = replicator_e2e::fixtures::Teardown::scenario(&env, &ns, &[]);
+    teardown.hub_object("clusterpropagationpolicies.policy.karmada.io", &ns);
     hub_namespace(&env, &ns).await?;
     propagate_config_map(&env, &ns, &ns, "local", json!({ LOCATION_LABEL: "dfw" })).await?;
     Api::<ConfigMap>::namespaced(env.client(HUB).await?, &ns)
