@@ -23,9 +23,9 @@ use kube::discovery::ApiResource;
 use kube::{Api, Client, ResourceExt};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use replicator::api_errors::ErrorClass;
 use replicator::copy::copy_name;
 use replicator::rules::Rule;
-use replicator::sync::ErrorClass;
 use replicator_e2e::{
     CELL_A, CELL_B, Environment, HUB, ReplicatorProcess, ReplicatorSpec, convergence,
     fault_proxy::FaultProxy,

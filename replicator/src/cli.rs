@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -12,19 +12,11 @@ use crate::{
     health::Health,
     http, kubeconfig_watch,
     metrics::{ErrorLabels, LocationLabels, Metrics},
-    outage, rules, sweep,
+    outage, rules,
+    runtime::{LogArgs, VERSION, parse_duration, spawn_signal_handler},
+    sweep,
     sync::{CellSync, Settings},
 };
-
-/// What `replicator --version` prints after the name: the crate version and the git commit the
-/// binary was built from (`unknown` without git), e.g. `0.1.0 (commit 8700ddf1a2b3)`. Set by
-/// build.rs; `REPLICATOR_GIT_COMMIT` overrides the commit at build time.
-pub const VERSION: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    " (commit ",
-    env!("REPLICATOR_BUILD_COMMIT"),
-    ")"
-);
 
 /// Mirrors network objects from Kubernetes cells onto a Karmada hub.
 #[derive(Debug, Parser)]
@@ -53,30 +45,6 @@ pub enum Command {
         #[arg(long = "location", required = true, value_parser = parse_location)]
         locations: Vec<String>,
     },
-}
-
-/// Log output format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines, coloured only when stderr is a terminal.
-    Text,
-    /// One JSON object per line, span fields (cluster, kind, namespace, name) at the top level;
-    /// every line on stderr, the fatal error's included.
-    Json,
-}
-
-/// Logging flags of the long-running subcommands.
-#[derive(Clone, Debug, Args)]
-pub struct LogArgs {
-    /// Log format.
-    #[arg(long, value_enum, default_value = "text", env = "REPLICATOR_LOG_FORMAT")]
-    pub log_format: LogFormat,
-    /// Which log lines are written: a level (off, error, warn, info, debug, trace) or filter
-    /// directives as RUST_LOG takes them, e.g. `replicator=debug,kube=info`. RUST_LOG sets the
-    /// same; this flag wins when both are given. Without either:
-    /// `info,kube_runtime=warn,kube_client=warn,kube_client::client::builder=off`.
-    #[arg(long, value_name = "LEVEL|DIRECTIVES", value_parser = crate::logging::parse_log_filter)]
-    pub log_level: Option<String>,
 }
 
 /// Default `--workers`: concurrent hub writers per cell. A copy write takes 1.4 hub requests in
@@ -362,29 +330,6 @@ pub fn cells(args: &RunArgs) -> anyhow::Result<Vec<CellPlan>> {
         .collect()
 }
 
-/// Parses a duration as `humantime` does (`90s`, `1m30s`, `10m`, `1h`, `500ms`, `2days`,
-/// `1h 30m`), or a bare number of seconds; at most a year.
-///
-/// # Errors
-/// A message naming the accepted forms and what is wrong (an unknown unit, a missing one), or
-/// that the duration is longer than a year.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let too_long = || format!("{s:?} is longer than a year");
-    let d = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
-        Duration::from_secs(s.parse().map_err(|_| too_long())?)
-    } else {
-        humantime::parse_duration(s).map_err(|err| match err {
-            humantime::DurationError::NumberOverflow => too_long(),
-            other => format!("{s:?} is not a duration like 90s, 1m30s, 10m, 1h or 500ms ({other})"),
-        })?
-    };
-    if d > Duration::from_secs(366 * 24 * 3600) {
-        return Err(too_long());
-    }
-    Ok(d)
-}
-
 /// Parses a sweep interval: a duration of at least one second (each sweep confirms every orphan
 /// with a cell read; a shorter interval would only busy the cells).
 ///
@@ -396,21 +341,6 @@ pub fn parse_sweep_interval(s: &str) -> Result<Duration, String> {
         return Err(format!("--sweep-interval {s:?} must be at least 1s"));
     }
     Ok(d)
-}
-
-/// Initialises logging from `args` and `RUST_LOG` (see [`crate::logging`]); an invalid
-/// `RUST_LOG` that was not overridden is reported as a warning once logging is up.
-///
-/// # Errors
-/// A subscriber already installed.
-pub fn init_logging(args: &LogArgs) -> anyhow::Result<()> {
-    let env = std::env::var("RUST_LOG").ok();
-    let choice = crate::logging::choose_filter(args.log_level.as_deref(), env.as_deref());
-    crate::logging::init(args.log_format, &choice.directives).map_err(anyhow::Error::msg)?;
-    if let Some(why) = choice.ignored_env {
-        tracing::warn!(filter = %choice.directives, "{why}: using the default filter");
-    }
-    Ok(())
 }
 
 /// Checks the flag combinations of `replicator run` that clap cannot: each location once, a
@@ -758,7 +688,7 @@ async fn elect_while_unclaimed(
             term.clone(),
             election::Reports {
                 on_change: move |leading| leader.set_leader(leading),
-                on_error: move |class: crate::sync::ErrorClass| {
+                on_error: move |class: crate::api_errors::ErrorClass| {
                     errors
                         .errors
                         .get_or_create(&ErrorLabels {
@@ -787,32 +717,10 @@ async fn elect_while_unclaimed(
     }
 }
 
-/// Cancels `cancel` on SIGTERM or SIGINT.
-pub fn spawn_signal_handler(cancel: CancellationToken) {
-    tokio::spawn(async move {
-        let terminate = async {
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(mut s) => {
-                    s.recv().await;
-                }
-                Err(err) => {
-                    tracing::error!(error = %err, "cannot listen for SIGTERM");
-                    std::future::pending::<()>().await;
-                }
-            }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            () = terminate => {}
-        }
-        tracing::info!("shutting down");
-        cancel.cancel();
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::LogFormat;
 
     fn run_args(argv: &[&str]) -> Result<RunArgs, clap::Error> {
         let cli = Cli::try_parse_from(["replicator", "run", "--hub-kubeconfig", "/hub"].iter().chain(argv))?;
@@ -1124,40 +1032,7 @@ mod tests {
     }
 
     #[test]
-    fn durations_parse_in_the_usual_units() {
-        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(2 * 86_400)));
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(
-            parse_duration(" 45 "),
-            Ok(Duration::from_secs(45)),
-            "a bare number is seconds"
-        );
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        let unknown = parse_duration("5x").unwrap_err();
-        assert!(
-            unknown.starts_with("\"5x\" is not a duration like 90s, 1m30s"),
-            "{unknown}"
-        );
-        assert!(unknown.contains("unknown time unit \"x\""), "{unknown}");
-        assert!(parse_duration("ten minutes").is_err());
-        assert!(parse_duration("").is_err());
-        assert_eq!(parse_duration("400d"), Err("\"400d\" is longer than a year".to_owned()));
-        assert_eq!(
-            parse_duration("99999999999999999999h"),
-            Err("\"99999999999999999999h\" is longer than a year".to_owned()),
-            "overflow is an error, not a panic"
-        );
-        assert_eq!(
-            parse_duration("99999999999999999999"),
-            Err("\"99999999999999999999\" is longer than a year".to_owned())
-        );
+    fn flag_values_parse_and_are_checked() {
         assert!(parse_sweep_interval("0").is_err());
         assert_eq!(
             parse_sweep_interval("500ms"),

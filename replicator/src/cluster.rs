@@ -496,11 +496,11 @@ impl HubHealth {
     /// returns the error's class. A connection failure marks the hub unreachable, a 401 marks
     /// the credentials rejected, a 403 marks `source` forbidden; other errors are the caller's.
     /// Use for requests every replica needs; per-object writes use [`HubHealth::report_write`].
-    pub fn report(&self, source: &str, err: &kube::Error) -> crate::sync::ErrorClass {
-        let class = crate::sync::classify(err);
+    pub fn report(&self, source: &str, err: &kube::Error) -> crate::api_errors::ErrorClass {
+        let class = crate::api_errors::classify(err);
         match err {
             kube::Error::Api(status) => self.report_status(source, status),
-            _ if class == crate::sync::ErrorClass::Unreachable => {
+            _ if class == crate::api_errors::ErrorClass::Unreachable => {
                 let cause = error_chain(err);
                 self.update(|r| r.unreachable = Some(cause));
             }
@@ -528,15 +528,15 @@ impl HubHealth {
 
     /// As [`HubHealth::report`], for a watcher error; returns its class (`transient` when it
     /// carries no API error).
-    pub fn report_watch(&self, source: &str, err: &kube::runtime::watcher::Error) -> crate::sync::ErrorClass {
+    pub fn report_watch(&self, source: &str, err: &kube::runtime::watcher::Error) -> crate::api_errors::ErrorClass {
         use kube::runtime::watcher::Error as W;
         match err {
             W::InitialListFailed(e) | W::WatchStartFailed(e) | W::WatchFailed(e) => self.report(source, e),
             W::WatchError(status) => {
                 self.report_status(source, status);
-                crate::sync::classify(&kube::Error::Api(status.clone()))
+                crate::api_errors::classify(&kube::Error::Api(status.clone()))
             }
-            W::NoResourceVersion => crate::sync::ErrorClass::Transient,
+            W::NoResourceVersion => crate::api_errors::ErrorClass::Transient,
         }
     }
 
@@ -545,7 +545,7 @@ impl HubHealth {
     pub fn report_write(&self, err: &kube::Error) {
         let global = match err {
             kube::Error::Api(status) => status.code == 401,
-            _ => crate::sync::classify(err) == crate::sync::ErrorClass::Unreachable,
+            _ => crate::api_errors::classify(err) == crate::api_errors::ErrorClass::Unreachable,
         };
         if global {
             self.report("writes", err);
@@ -583,7 +583,7 @@ impl HubHealth {
             // `/version` is authenticated: an answer proves the credentials too.
             Ok(Ok(_)) => self.report_ok(PROBE),
             Ok(Err(err)) => {
-                if crate::sync::classify(&err) == crate::sync::ErrorClass::Transient
+                if crate::api_errors::classify(&err) == crate::api_errors::ErrorClass::Transient
                     && !matches!(err, kube::Error::Api(_))
                 {
                     // Neither an answer nor a connection failure (say an exec credential plugin
@@ -944,7 +944,10 @@ mod tests {
         assert!(h.is_up());
 
         // Nothing listens: unreachable, writes wait, until any request is answered.
-        assert_eq!(h.report("copies", &refused()), crate::sync::ErrorClass::Unreachable);
+        assert_eq!(
+            h.report("copies", &refused()),
+            crate::api_errors::ErrorClass::Unreachable
+        );
         assert!(!h.is_up());
         assert_eq!(
             h.state().problem(server).unwrap(),
@@ -963,7 +966,7 @@ mod tests {
         // A token the hub rejects: not up, writes wait, whichever request met it.
         assert_eq!(
             h.report("Lease replicator-dfw", &api_error(401, "Unauthorized")),
-            crate::sync::ErrorClass::Forbidden
+            crate::api_errors::ErrorClass::Forbidden
         );
         assert!(!h.is_up());
         let problem = h.state().problem(server).unwrap();

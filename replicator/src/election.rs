@@ -23,7 +23,7 @@ use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::{cluster::HubHealth, sync::ErrorClass};
+use crate::{api_errors::ErrorClass, cluster::HubHealth};
 
 /// How one location's election is run.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod api;
+pub mod api_errors;
 pub mod cache;
 pub mod cli;
 pub mod cluster;
@@ -23,6 +24,7 @@ pub mod process_metrics;
 pub mod queue;
 pub mod routing;
 pub mod rules;
+pub mod runtime;
 pub mod status;
 pub mod sweep;
 pub mod sync;

@@ -33,7 +33,15 @@ use tracing_subscriber::{
     util::SubscriberInitExt,
 };
 
-use crate::cli::LogFormat;
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines, coloured only when stderr is a terminal.
+    Text,
+    /// One JSON object per line, span fields (cluster, kind, namespace, name) at the top level;
+    /// every line on stderr, the fatal error's included.
+    Json,
+}
 
 /// The log filter without `--log-level` or `RUST_LOG`. kube's HTTP trace layer
 /// (`kube_client::client::builder`) logs an ERROR line for every request that gets no answer, one

@@ -36,7 +36,7 @@ async fn dispatch(cli: Cli) -> Outcome {
         // An operator's command: one clear line and exit status 1, never a backtrace.
         Command::Status(args) => Outcome::of("replicator status", replicator::status::run(args).await),
         Command::Membership(args) => {
-            if let Err(error) = cli::init_logging(&args.log) {
+            if let Err(error) = replicator::runtime::init_logging(&args.log) {
                 return Outcome::of("replicator membership", Err(error));
             }
             Outcome::of("replicator membership", replicator::membership::run(args).await)
@@ -45,7 +45,7 @@ async fn dispatch(cli: Cli) -> Outcome {
             if let Err(message) = cli::check(&args) {
                 return Outcome::Usage(cli::usage_error("run", message));
             }
-            if let Err(error) = cli::init_logging(&args.log) {
+            if let Err(error) = replicator::runtime::init_logging(&args.log) {
                 return Outcome::of("replicator run", Err(error));
             }
             Outcome::of("replicator run", cli::run(*args).await)

@@ -720,7 +720,8 @@ replicator_odd 1
         assert!(text.contains(&format!("{build}\n")), "missing {build} in\n{text}");
         assert!(text.contains("# TYPE replicator_build_info gauge\n"), "{text}");
         assert!(
-            crate::cli::VERSION.contains(BUILD_INFO.commit) && crate::cli::VERSION.starts_with(BUILD_INFO.version),
+            crate::runtime::VERSION.contains(BUILD_INFO.commit)
+                && crate::runtime::VERSION.starts_with(BUILD_INFO.version),
             "the commit --version prints"
         );
         assert!(text.contains("replicator_queue_depth{location=\"dfw\"} 7\n"), "{text}");

@@ -116,7 +116,7 @@ pub struct StatusArgs {
     #[arg(long, short = 'o', value_enum, default_value = "table")]
     pub output: Output,
     /// Bound on reaching each cluster or endpoint, e.g. 10s.
-    #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::runtime::parse_duration)]
     pub timeout: Duration,
 }
 

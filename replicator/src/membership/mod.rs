@@ -50,12 +50,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     api::{NetworkInterface, NetworkService, NetworkServiceStatus},
+    api_errors::{ErrorClass, classify},
     cluster, copy,
     health::Health,
     http,
     queue::WorkQueue,
     routing,
-    sync::{ErrorClass, classify},
 };
 
 /// Field manager of the status and slices this controller writes.
@@ -127,11 +127,11 @@ pub struct MembershipArgs {
     pub lease_namespace: String,
     /// How long the Lease stays valid without renewal: a killed leader is replaced within this
     /// (whole seconds, at least 2s).
-    #[arg(long, default_value = "15s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "15s", value_parser = crate::runtime::parse_duration)]
     pub lease_duration: Duration,
     /// How long before expiry the leader renews (whole seconds, at least 1s, below
     /// --lease-duration).
-    #[arg(long, default_value = "5s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::runtime::parse_duration)]
     pub lease_grace: Duration,
     /// This replica's identity in the Lease: `$POD_NAME`, else the host name, when absent. It is
     /// stable across restarts, so a restarted replica resumes its own Lease at once; give each
@@ -140,7 +140,7 @@ pub struct MembershipArgs {
     pub identity: Option<String>,
     /// Logging.
     #[command(flatten)]
-    pub log: crate::cli::LogArgs,
+    pub log: crate::runtime::LogArgs,
 }
 
 /// Labels of per-service gauges (the issue asks for them per service; bounded by services).
@@ -768,7 +768,7 @@ pub async fn run(args: MembershipArgs) -> anyhow::Result<()> {
     }
     let identity = args.identity.clone().unwrap_or_else(crate::election::default_identity);
     let cancel = CancellationToken::new();
-    crate::cli::spawn_signal_handler(cancel.clone());
+    crate::runtime::spawn_signal_handler(cancel.clone());
     let mut registry = Registry::default();
     crate::metrics::register_process(&mut registry);
     let metrics = Metrics::register(&mut registry);
