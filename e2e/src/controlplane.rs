@@ -20,8 +20,6 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions};
-use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
@@ -40,6 +38,7 @@ use crate::command::{self, combined_output, describe};
 use crate::crds;
 use crate::daemon::{Daemon, Probe};
 use crate::error::{Error, Result, io_context};
+use crate::files::{flag, write_private};
 use crate::hostnet;
 use crate::images::Images;
 use crate::karmada::MemberStatus;
@@ -1185,27 +1184,6 @@ fn audit_policy_path(dir: &Path) -> PathBuf {
 /// The hub apiserver's audit log (JSON lines, one event per request; see [`crate::audit`]).
 pub fn audit_log_path(dir: &Path) -> PathBuf {
     logs_dir(dir).join("hub-audit.log")
-}
-
-/// Writes a file readable only by its owner (kubeconfigs hold tokens).
-pub(crate) fn write_private(path: &Path, contents: &str) -> Result<()> {
-    let mut file = OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(io_context(format!("opening {}", path.display())))?;
-    file.write_all(contents.as_bytes())
-        .map_err(io_context(format!("writing {}", path.display())))
-}
-
-/// `--name=value` as an OS string (values may be paths).
-pub(crate) fn flag(name: &str, value: impl AsRef<OsStr>) -> OsString {
-    let mut flag = OsString::from(name);
-    flag.push("=");
-    flag.push(value);
-    flag
 }
 
 /// Whether connecting to `127.0.0.1:port` is refused (nothing listens there).

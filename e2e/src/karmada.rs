@@ -37,10 +37,11 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::cluster::Cluster;
-use crate::controlplane::{Environment, flag, write_private};
+use crate::controlplane::Environment;
 use crate::crds;
 use crate::daemon::Daemon;
 use crate::error::{Error, Result, io_context};
+use crate::files::{flag, write_private};
 use crate::kubeconfig;
 use crate::wait::{self, Check};
 

@@ -93,7 +93,7 @@ pub async fn write_token_file_kubeconfig(
         std::fs::create_dir_all(parent).map_err(crate::error::io_context(format!("creating {}", parent.display())))?;
     }
     let text = render_with_token_file(cluster, &env.server_url(cluster), &ca, "token-file", token_file);
-    crate::controlplane::write_private(path, &text)
+    crate::files::write_private(path, &text)
 }
 
 /// Publishes `content` as `<dir>/<name>` the way the kubelet updates a mounted Secret or a

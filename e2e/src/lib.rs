@@ -30,6 +30,7 @@ pub mod deploy;
 pub mod error;
 mod etcd;
 pub mod fault_proxy;
+mod files;
 pub mod fixtures;
 pub mod hostnet;
 pub mod images;

@@ -31,8 +31,9 @@ use tokio::process::Command;
 
 use crate::cluster::Cluster;
 use crate::command::{run, run_checked};
-use crate::controlplane::{Environment, flag, write_private};
+use crate::controlplane::Environment;
 use crate::error::{Error, Result, io_context};
+use crate::files::{flag, write_private};
 use crate::hostnet;
 use crate::images::Images;
 use crate::kubeconfig;

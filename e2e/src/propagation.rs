@@ -79,20 +79,12 @@ pub fn quantile(sorted: &[Duration], q: f64) -> Option<Duration> {
 /// may on a loaded machine; an API error or a fifth failure is returned. A retried create may
 /// find the object already created (409): that counts as created.
 async fn create_retrying(api: &Api<ConfigMap>, object: &ConfigMap) -> Result<(), kube::Error> {
-    let mut delay = Duration::from_millis(100);
-    for _ in 0..4 {
-        match api.create(&PostParams::default(), object).await {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 409 => return Ok(()),
-            Err(error @ (kube::Error::HyperError(_) | kube::Error::Service(_))) => {
-                tracing::warn!(%error, "create failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-            }
-            Err(error) => return Err(error),
-        }
+    let params = PostParams::default();
+    match crate::wait::retrying(|| api.create(&params, object)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(error) => Err(error),
     }
-    api.create(&PostParams::default(), object).await.map(drop)
 }
 
 /// Runs one measurement on `env` (see the module documentation).
@@ -265,7 +257,7 @@ pub async fn measure(env: &Environment, params: &Params) -> anyhow::Result<Outco
     // reported, not fatal.
     let selector = ListParams::default().labels(&format!("{BENCH_LABEL}={ns}"));
     let delete_params = DeleteParams::default();
-    if let Err(error) = crate::bench::retrying(|| hub_config_maps.delete_collection(&delete_params, &selector)).await {
+    if let Err(error) = crate::wait::retrying(|| hub_config_maps.delete_collection(&delete_params, &selector)).await {
         tracing::warn!(%error, "deleting the ConfigMaps did not finish in one request; waiting for them to go");
     }
     let cleanup = deadline.max(Duration::from_secs(params.objects as u64 / 5));
@@ -282,7 +274,7 @@ pub async fn measure(env: &Environment, params: &Params) -> anyhow::Result<Outco
         }
     }
     let delete_params = DeleteParams::default();
-    crate::bench::retrying(|| policies.delete(&ns, &delete_params)).await?;
+    crate::wait::retrying(|| policies.delete(&ns, &delete_params)).await?;
     Ok(Outcome {
         objects: params.objects,
         created_in,

@@ -51,8 +51,9 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::cluster::Cluster;
-use crate::controlplane::{Environment, lock_dir, write_private};
+use crate::controlplane::{Environment, lock_dir};
 use crate::error::{Error, Result, io_context};
+use crate::files::write_private;
 use crate::kubeconfig;
 use crate::paths;
 use crate::wait::{self, Check};

@@ -92,6 +92,29 @@ where
     }
 }
 
+/// Runs `call` until it succeeds, up to five times (100 ms, doubling, between tries), while it
+/// fails to reach the apiserver: a pooled connection the server closed while idle fails the
+/// next request ("connection closed before message completed"), and a loaded machine drops
+/// some. API errors are returned at once.
+pub async fn retrying<T, F, Fut>(mut call: F) -> Result<T, kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let mut delay = Duration::from_millis(100);
+    for _ in 0..4 {
+        match call().await {
+            Err(error @ (kube::Error::HyperError(_) | kube::Error::Service(_))) => {
+                tracing::warn!(%error, "request failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            other => return other,
+        }
+    }
+    call().await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1064,28 +1064,7 @@ async fn list_floor(env: &Environment, namespace: &str) -> anyhow::Result<Durati
     Ok(start.elapsed())
 }
 
-/// Runs `call` until it succeeds, up to five times (100 ms, doubling, between tries), while it
-/// fails to reach the apiserver: a pooled connection the server closed while idle fails the
-/// next request ("connection closed before message completed"), and a loaded machine drops
-/// some. API errors are returned at once.
-pub async fn retrying<T, F, Fut>(mut call: F) -> Result<T, kube::Error>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, kube::Error>>,
-{
-    let mut delay = Duration::from_millis(100);
-    for _ in 0..4 {
-        match call().await {
-            Err(error @ (kube::Error::HyperError(_) | kube::Error::Service(_))) => {
-                tracing::warn!(%error, "request failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-            }
-            other => return other,
-        }
-    }
-    call().await
-}
+pub use crate::wait::retrying;
 
 /// Deletes what an earlier run that never finished (interrupted, killed) left behind: its
 /// sources in the cells, found by [`load::RUN_LABEL`], and every mirror's copies in their
