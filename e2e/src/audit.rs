@@ -1,8 +1,9 @@
 //! The hub apiserver's audit log, read back: who wrote what.
 //!
 //! The local hub logs every write (create, update, patch, delete, deletecollection) as JSON
-//! lines ([`crate::Environment::hub_audit_log`]): the replicator identities' writes at
-//! `RequestResponse` level (the object as written), the rest at `Metadata`; reads are not
+//! lines ([`crate::Environment::hub_audit_log`]): service accounts' writes (every replicator
+//! identity, in whatever namespace) at `RequestResponse` level (the object as written), the
+//! rest at `Metadata`; reads are not
 //! logged. A line is one `audit.k8s.io/v1` Event at stage `ResponseComplete` (or `Panic`). Only
 //! the fields the security checks need are read: the user, the verb, the object, the response
 //! code and, of the object written, its labels and the subject of an Event. Lines that are not

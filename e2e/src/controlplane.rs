@@ -1160,11 +1160,12 @@ fn logs_dir(dir: &Path) -> PathBuf {
     dir.join("logs")
 }
 
-/// The hub apiserver's audit policy: reads are not logged; the writes of the service accounts of
-/// namespaces `replicator-system` (the shipped manifests) and `replicator-e2e` (the harness's
-/// identities) at `RequestResponse` level, so the object written (its labels, the subject of an
-/// Event) can be checked ([`crate::audit::foreign_writes`]); every other write at `Metadata`
-/// level, who and what without bodies.
+/// The hub apiserver's audit policy: reads are not logged; the writes of every service account at
+/// `RequestResponse` level, so the object written (its labels, the subject of an Event) can be
+/// checked ([`crate::audit::foreign_writes`]) whichever namespace holds the identity (the shipped
+/// `replicator-system`, the harness's `replicator-e2e`, the identities a scenario composes or
+/// deploys in a namespace of its own); every other write at `Metadata` level, who and what
+/// without bodies.
 const AUDIT_POLICY: &str = "\
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -1173,7 +1174,7 @@ rules:
 - level: None
   verbs: [get, list, watch]
 - level: RequestResponse
-  userGroups: [\"system:serviceaccounts:replicator-system\", \"system:serviceaccounts:replicator-e2e\"]
+  userGroups: [\"system:serviceaccounts\"]
 - level: Metadata
 ";
 
