@@ -18,8 +18,10 @@
 #           webhook-configuration.yaml (artifacts/deploy).
 #         $REPLICATOR_CACHE/bin/prometheus-$PROMETHEUS_VERSION/{prometheus,promtool} (the e2e
 #           monitoring checks: promtool on the alert rules, a real Prometheus scraping the pods).
-# Recipe: ../shared/reference/karmada.md §1 (wrapper modules with the staging replace lines), §2.2;
-# ../shared/reference/prometheus.md (Prometheus's module versions, no web UI).
+# How: each Go program is built from a wrapper module that requires its upstream module at the
+# pinned version (Kubernetes' with replace lines for its staging modules, as upstream's own
+# go.mod has them); Prometheus without its web UI assets, and with only the Kubernetes service
+# discovery compiled in.
 # Concurrent runs (two harnesses, a developer and a test) are serialised by a lock in the cache.
 set -euo pipefail
 
