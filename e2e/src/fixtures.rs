@@ -79,9 +79,9 @@ pub fn scenario_rules(env: &Environment, namespace: &str, rules: &[&str]) -> Res
         entry["sourceSelector"]["matchLabels"][SCENARIO_LABEL] = json!(namespace);
         entries.push(entry);
     }
-    let path = env.dir().join("scratch").join(format!("{namespace}-rules.yaml"));
-    std::fs::create_dir_all(env.dir().join("scratch"))
-        .map_err(crate::error::io_context("creating the scratch directory"))?;
+    let scratch = env.dir().join("scratch");
+    std::fs::create_dir_all(&scratch).map_err(crate::error::io_context("creating the scratch directory"))?;
+    let path = scratch.join(format!("{namespace}-rules.yaml"));
     let yaml = serde_saphyr::to_string(&json!({ "rules": entries }))
         .map_err(|e| Error::Scenario(format!("rules file for {namespace}: {e}")))?;
     std::fs::write(&path, &yaml).map_err(crate::error::io_context(format!("writing {}", path.display())))?;
@@ -966,8 +966,8 @@ pub fn vpc_attachment(
 }
 
 /// Removes what a scenario made when dropped, pass or fail: the identities it composed, the
-/// cluster-scoped hub objects it applied (Karmada policies), its namespaces (the namespace controllers of the hub and the cells delete the sources, copies and
-/// services in them) and the hub Leases its processes elected on (in [`crate::rbac::NAMESPACE`]).
+/// cluster-scoped hub objects it applied (Karmada policies), its namespaces (the namespace
+/// controllers of the hub and the cells delete the sources, copies and services in them) and the hub Leases its processes elected on (in [`crate::rbac::NAMESPACE`]).
 /// The locations' hub identities its processes ran as ([`crate::rbac::Identities::hub_kubeconfig_for`])
 /// stay: they are environment fixtures, which another scenario may be running as.
 /// Declare it before the processes: locals drop in reverse order, so they are killed first.

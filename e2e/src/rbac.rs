@@ -45,7 +45,6 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::PostParams;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -712,15 +711,9 @@ fn rendered_service_account(yaml: &str, name: &str) -> bool {
         .any(|o| o["kind"] == "ServiceAccount" && o["metadata"]["name"] == name)
 }
 
-async fn client_from(path: &Path) -> Result<kube::Client> {
-    let kubeconfig = Kubeconfig::read_from(path)?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-    Ok(kube::Client::try_from(config)?)
-}
-
 /// The user name the kubeconfig at `path` authenticates as (SelfSubjectReview).
 async fn whoami(path: &Path) -> Result<String> {
-    let api = Api::<SelfSubjectReview>::all(client_from(path).await?);
+    let api = Api::<SelfSubjectReview>::all(crate::kubeconfig::client(path).await?);
     let review = api
         .create(&PostParams::default(), &SelfSubjectReview::default())
         .await?;
@@ -735,7 +728,7 @@ async fn whoami(path: &Path) -> Result<String> {
 /// the identity of the kubeconfig at `path` (a new binding reaches the authorizer through an
 /// informer). `who` names the identity in a timeout.
 async fn wait_authorized(path: &Path, who: &str, probe: (&str, &str, &str), namespace: Option<&str>) -> Result<()> {
-    let api = Api::<SelfSubjectAccessReview>::all(client_from(path).await?);
+    let api = Api::<SelfSubjectAccessReview>::all(crate::kubeconfig::client(path).await?);
     let (group, resource, verb) = probe;
     let what = format!(
         "{who} to be allowed to {verb} {group}/{resource}{}",

@@ -143,18 +143,10 @@ async fn tidy(
     namespaces: &[String],
     location: &str,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let client = |path: &std::path::Path| {
-        let path = path.to_path_buf();
-        async move {
-            let config = kube::Config::from_custom_kubeconfig(
-                kube::config::Kubeconfig::read_from(path)?,
-                &kube::config::KubeConfigOptions::default(),
-            )
-            .await?;
-            Ok::<_, Box<dyn std::error::Error>>(Client::try_from(config)?)
-        }
-    };
-    let (cell, hub) = (client(cell).await?, client(hub).await?);
+    let (cell, hub) = (
+        replicator_e2e::kubeconfig::client(cell).await?,
+        replicator_e2e::kubeconfig::client(hub).await?,
+    );
     let copies = ListParams::default().labels(&format!("{}={location}", replicator::rules::LOCATION_LABEL));
     // The hub namespaces go first: the namespace controller empties them of this location's
     // copies (and everything else) while the rest runs.

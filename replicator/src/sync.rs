@@ -303,7 +303,7 @@ impl CellSync {
     ) -> (Arc<Self>, Writers) {
         let mut source_writers = Vec::new();
         let mut copy_writers = Vec::new();
-        let states = rules
+        let states: Vec<RuleState> = rules
             .into_iter()
             .map(|rule| {
                 let resource = rule.resource.api_resource();
@@ -352,7 +352,6 @@ impl CellSync {
         // tells "nothing swept" from "no such metric".
         metrics.sweep_runs.get_or_create(&depth).inc_by(0);
         for state in &states {
-            let state: &RuleState = state;
             metrics.sweep_deleted.get_or_create(&state.labels).inc_by(0);
             metrics.withdrawn.get_or_create(&state.labels).inc_by(0);
         }

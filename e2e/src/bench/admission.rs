@@ -305,7 +305,7 @@ impl Probe {
     async fn start(env: &Environment, hub: &Client) -> anyhow::Result<Probe> {
         let identities = env.least_privilege().await?;
         let kubeconfig = identities.hub_kubeconfig_for(env, PROBE_LOCATION).await?;
-        let as_location = client(&kubeconfig).await?;
+        let as_location = crate::kubeconfig::client(&kubeconfig).await?;
         remove_scratch_namespaces(hub).await?;
         let namespace = fixtures::unique("bench-admission");
         let namespaces = Api::<Namespace>::all(hub.clone());
@@ -411,12 +411,6 @@ async fn remove_scratch_namespaces(hub: &Client) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-async fn client(path: &std::path::Path) -> anyhow::Result<Client> {
-    let kubeconfig = kube::config::Kubeconfig::read_from(path)?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default()).await?;
-    Ok(Client::try_from(config)?)
 }
 
 /// Measures [`Cost`] with the replicator of `side` at the target rate, `window` being the

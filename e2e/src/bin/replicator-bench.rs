@@ -126,12 +126,6 @@ fn secs(value: Option<f64>, full: f64, short: f64, is_short: bool) -> Duration {
     Duration::from_secs_f64(value.unwrap_or(if is_short { short } else { full }))
 }
 
-async fn client(path: &std::path::Path) -> anyhow::Result<kube::Client> {
-    let kubeconfig = kube::config::Kubeconfig::read_from(path)?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default()).await?;
-    Ok(kube::Client::try_from(config)?)
-}
-
 /// The replicator beside this binary (same profile), else the harness default.
 fn replicator_binary() -> PathBuf {
     if std::env::var_os("REPLICATOR_BIN").is_none_or(|v| v.is_empty())
@@ -160,8 +154,8 @@ async fn main() -> anyhow::Result<ExitCode> {
         source_label,
     }) = cli.command
     {
-        let cell = client(&cell_kubeconfig).await?;
-        let hub = client(&hub_kubeconfig).await?;
+        let cell = replicator_e2e::kubeconfig::client(&cell_kubeconfig).await?;
+        let hub = replicator_e2e::kubeconfig::client(&hub_kubeconfig).await?;
         bench::relay::run(cell, hub, location, workers, source_label).await?;
         return Ok(ExitCode::SUCCESS);
     }
