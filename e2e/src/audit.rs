@@ -37,6 +37,10 @@ pub struct Entry {
     /// The object as written (`RequestResponse` level only; a delete may answer a Status).
     #[serde(default)]
     pub response_object: Option<Written>,
+    /// The object as sent (`RequestResponse` level only): a create's or update's object, an
+    /// apply patch; a delete sends options.
+    #[serde(default)]
+    pub request_object: Option<Written>,
 }
 
 /// What an audit event tells of the object a write returned.
@@ -130,6 +134,15 @@ impl Entry {
                 .is_some_and(|s| (200..300).contains(&s.code))
     }
 
+    /// Whether a create, update or patch may have been stored although its answer does not say
+    /// so: the request panicked, or was answered with a server error (5xx), as when the client
+    /// went away mid-request (a killed process) and the apiserver's context was cancelled after
+    /// storage had committed. A 4xx answer is a refusal: nothing was stored.
+    pub fn may_have_written(&self) -> bool {
+        matches!(self.verb.as_str(), "create" | "update" | "patch")
+            && self.response_status.as_ref().is_none_or(|s| s.code >= 500)
+    }
+
     /// The service account `(namespace, name)` that sent the request, if one did.
     pub fn service_account(&self) -> Option<(&str, &str)> {
         let rest = self.user.username.strip_prefix("system:serviceaccount:")?;
@@ -158,13 +171,46 @@ pub fn parse(text: &str) -> Log {
     log
 }
 
-/// Reads the audit log at `path`.
+/// Reads the audit log at `path` with the backups the apiserver rotated out of it
+/// (`<stem>-<timestamp>.<extension>` beside it, oldest first), so a run long enough to rotate
+/// is judged whole.
 ///
 /// # Errors
-/// The file cannot be read (the hub has not been started with auditing).
+/// A file cannot be read, or `path` does not exist (the hub has not been started with
+/// auditing).
 pub fn read(path: &Path) -> Result<Log> {
-    let text = std::fs::read_to_string(path).map_err(io_context(format!("reading {}", path.display())))?;
-    Ok(parse(&text))
+    let mut files = rotated_backups(path)?;
+    files.push(path.to_path_buf());
+    let mut log = Log::default();
+    for file in files {
+        let text = std::fs::read_to_string(&file).map_err(io_context(format!("reading {}", file.display())))?;
+        let part = parse(&text);
+        log.entries.extend(part.entries);
+        log.unreadable += part.unreadable;
+    }
+    Ok(log)
+}
+
+/// The backups rotated out of the log at `path`, oldest first: files named
+/// `<stem>-<timestamp>.<extension>` in its directory (the timestamps sort as text).
+fn rotated_backups(path: &Path) -> Result<Vec<std::path::PathBuf>> {
+    let (Some(dir), Some(stem)) = (path.parent(), path.file_stem().and_then(|s| s.to_str())) else {
+        return Ok(Vec::new());
+    };
+    let extension = path.extension().and_then(|e| e.to_str()).unwrap_or_default();
+    let prefix = format!("{stem}-");
+    let suffix = format!(".{extension}");
+    let listing = std::fs::read_dir(dir).map_err(io_context(format!("listing {}", dir.display())))?;
+    let mut backups: Vec<std::path::PathBuf> = listing
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(&suffix))
+        })
+        .collect();
+    backups.sort();
+    Ok(backups)
 }
 
 /// Entries whose request came from service account `namespace/name`.
@@ -246,8 +292,10 @@ pub struct Verdict {
 /// - `replicator-<location>`: its Lease `replicator-<location>`; Events about an object named
 ///   `*-<location>`; any other object only when it is a copy of its location: labelled
 ///   `replicator.datumapis.com/location=<location>` with a name ending in `-<location>` as
-///   written, or, for a delete, as last written in the log (an object never written by a
-///   replicator identity before its delete is not a copy, as far as the log shows);
+///   written, or, for a delete, as the delete answered it or else as last written in the log
+///   (an object never written before its delete is not a copy, as far as the log shows; a
+///   write whose outcome the log leaves open, [`Entry::may_have_written`], counts as written
+///   with the labels it sent);
 /// - `replicator-membership`: EndpointSlices labelled managed-by membership (as written, or as
 ///   last written for a delete), NetworkService status, Events about NetworkServices, Leases
 ///   other than `replicator-*`;
@@ -279,6 +327,10 @@ pub fn foreign_writes(log: &Log) -> Verdict {
             && entry.verb != "delete"
         {
             last.insert(key.clone(), w.metadata.labels.clone());
+        } else if entry.may_have_written()
+            && let Some(sent) = entry.request_object.as_ref().filter(|o| !o.metadata.labels.is_empty())
+        {
+            last.insert(key.clone(), sent.metadata.labels.clone());
         }
         let Some((namespace, account)) = entry.service_account() else {
             continue;
@@ -293,7 +345,7 @@ pub fn foreign_writes(log: &Log) -> Verdict {
         *verdict.writes.entry(account.clone()).or_default() += 1;
         let name = key.3.as_str();
         let labels = if entry.verb == "delete" {
-            before.as_ref()
+            written.map(|w| &w.metadata.labels).or(before.as_ref())
         } else {
             written.map(|w| &w.metadata.labels)
         };
@@ -611,6 +663,108 @@ mod tests {
                 .iter()
                 .all(|f| f.account == "replicator-e2e/replicator-dfw")
         );
+    }
+
+    /// `line` with the object the request sent.
+    fn sent(line: String, object: &str) -> String {
+        let open = line.strip_suffix('}').unwrap_or(&line);
+        format!(r#"{open},"requestObject":{object}}}"#)
+    }
+
+    #[test]
+    fn a_write_whose_outcome_the_log_leaves_open_counts_with_the_labels_it_sent() {
+        let dfw = r#""replicator.datumapis.com/location":"dfw""#;
+        let sjc = r#""replicator.datumapis.com/location":"sjc""#;
+        let nics = "networking.datumapis.com/networkinterfaces";
+        let status = Some(r#"{"kind":"Status"}"#);
+        let lines = [
+            // A killed process's apply: the apiserver answered 500 (context cancelled) after
+            // storing it; the restarted process deletes the copy it cannot see written.
+            sent(
+                line("replicator-dfw", "patch", nics, "p/n1-dfw", 500, None),
+                &labelled("NetworkInterface", dfw),
+            ),
+            line("replicator-dfw", "delete", nics, "p/n1-dfw", 200, status),
+            // A delete answered with the object (finalizers pending) is judged by it.
+            line(
+                "replicator-dfw",
+                "delete",
+                nics,
+                "p/n2-dfw",
+                200,
+                Some(&labelled("NetworkInterface", dfw)),
+            ),
+            // A refusal (409) stored nothing: sjc's copy stays sjc's, so deleting it is foreign.
+            line(
+                "replicator-sjc",
+                "patch",
+                nics,
+                "p/n3-sjc",
+                201,
+                Some(&labelled("NetworkInterface", sjc)),
+            ),
+            sent(
+                line("replicator-dfw", "create", nics, "p/n3-sjc", 409, None),
+                &labelled("NetworkInterface", dfw),
+            ),
+            line("replicator-dfw", "delete", nics, "p/n3-sjc", 200, status),
+            // An interrupted write that sent no labels leaves the delete unjudgeable.
+            sent(
+                line("replicator-dfw", "patch", nics, "p/n4-dfw", 503, None),
+                &labelled("NetworkInterface", ""),
+            ),
+            line("replicator-dfw", "delete", nics, "p/n4-dfw", 200, status),
+        ];
+        let verdict = judge(&lines);
+        assert_eq!(verdict.writes.get("replicator-e2e/replicator-dfw"), Some(&4));
+        let whys: Vec<(&str, &str)> = verdict
+            .foreign
+            .iter()
+            .map(|f| (f.object.as_str(), f.why.as_str()))
+            .collect();
+        assert_eq!(
+            whys,
+            vec![
+                (
+                    "networking.datumapis.com/networkinterfaces p/n3-sjc",
+                    "a copy of location sjc"
+                ),
+                (
+                    "networking.datumapis.com/networkinterfaces p/n4-dfw",
+                    "an object whose labels the log does not show"
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_rotated_log_is_read_with_its_backups_oldest_first() {
+        let dir = std::env::temp_dir().join(format!("replicator-audit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let entry = |name: &str| {
+            line(
+                "replicator-dfw",
+                "delete",
+                "discovery.k8s.io/endpointslices",
+                name,
+                200,
+                None,
+            )
+        };
+        std::fs::write(dir.join("hub-audit-2026-12-02T03-00-00.000.log"), entry("p/first")).unwrap();
+        std::fs::write(dir.join("hub-audit-2026-12-02T04-00-00.000.log"), entry("p/second")).unwrap();
+        std::fs::write(dir.join("hub-audit.log"), format!("{}\n{{cut", entry("p/third"))).unwrap();
+        std::fs::write(dir.join("kube-apiserver-hub.log"), "not audit").unwrap();
+        let log = read(&dir.join("hub-audit.log"));
+        std::fs::remove_dir_all(&dir).unwrap();
+        let log = log.unwrap();
+        let names: Vec<String> = log
+            .entries
+            .iter()
+            .filter_map(|e| e.object_ref.as_ref().and_then(|o| o.name.clone()))
+            .collect();
+        assert_eq!(names, ["first", "second", "third"]);
+        assert_eq!(log.unreadable, 1);
     }
 
     #[test]

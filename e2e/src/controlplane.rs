@@ -846,7 +846,7 @@ impl Environment {
                 flag("--audit-log-path", audit_log_path(&self.dir)),
                 flag("--audit-log-format", "json"),
                 flag("--audit-log-maxsize", "200"),
-                flag("--audit-log-maxbackup", "1"),
+                flag("--audit-log-maxbackup", "5"),
             ]);
         } else {
             // One compactor for the shared etcd is enough.
