@@ -7,7 +7,7 @@ use kube::{
 };
 
 use super::{CellSync, Error, Key, RuleState, lock};
-use crate::{api_errors::is_immutable_change, cache, copy, echo::CopyId, rules};
+use crate::{api_errors::is_immutable_change, cache, copy, echo::CopyId};
 
 /// A write to a copy in flight (see [`crate::echo`]): events of the copy are held until it
 /// ends. Ending it, also when the pass fails, panics or is dropped, gives the source a pass if an
@@ -77,32 +77,6 @@ impl CellSync {
             lock(&self.echoes).wrote(id, applied.resource_version());
         }
         Ok(replaced)
-    }
-
-    /// The error for hub object `existing`, named like the copy of `key`, that is not this
-    /// location's copy; when it is another location's copy (`web-us`@`east` and `web`@`us-east`
-    /// both map to `web-us-east`), the message names that copy's source and location too.
-    pub(super) fn not_ours(&self, key: &Key, name: &str, existing: &DynamicObject) -> Error {
-        let annotations = existing.annotations();
-        let holder = match (
-            existing.labels().get(rules::LOCATION_LABEL),
-            annotations.get(copy::SOURCE_NAMESPACE_ANNOTATION),
-            annotations.get(copy::SOURCE_NAME_ANNOTATION),
-        ) {
-            (Some(location), Some(namespace), Some(source)) => {
-                format!("the copy of source {namespace}/{source} of location {location}")
-            }
-            (Some(location), _, _) => format!("a copy of location {location}"),
-            _ => "an object the replicator did not publish".to_owned(),
-        };
-        Error::NotOurs {
-            namespace: key.namespace.clone(),
-            name: name.to_owned(),
-            label: rules::LOCATION_LABEL,
-            location: self.settings.location.clone(),
-            source_key: format!("{}/{}", key.namespace, key.name),
-            holder,
-        }
     }
 
     /// Deletes this location's copy `namespace/name` if it exists (UID precondition). Returns

@@ -33,6 +33,7 @@ mod hub_writer;
 mod pass;
 mod readiness;
 mod reflectors;
+mod step;
 mod worker;
 
 use std::{
