@@ -133,3 +133,276 @@ impl CellSync {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The hub writer against a mock apiserver (`tower-test`): the exact requests it sends, and
+    //! what it does with each answer.
+
+    use std::sync::Arc;
+
+    use http::{Method, Request, Response, StatusCode};
+    use kube::{Client, client::Body};
+    use prometheus_client::registry::Registry;
+    use serde_json::{Value, json};
+    use tower_test::mock;
+
+    use super::*;
+    use crate::{
+        cluster::HubHealth,
+        echo::Seen,
+        health::Health,
+        metrics::Metrics,
+        rules,
+        sync::{Settings, Writers},
+    };
+
+    type Handle = mock::Handle<Request<Body>, Response<Body>>;
+
+    const COPIES: &str = "/apis/networking.datumapis.com/v1alpha/namespaces/team/networks";
+
+    /// A sync of location `dfw` in cell `cell-1` for Networks whose hub is the returned mock.
+    fn fixture() -> (Arc<CellSync>, Writers, Handle) {
+        let (cell, _) = mock::pair::<Request<Body>, Response<Body>>();
+        let (hub, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let networks: Vec<_> = rules::default_rules()
+            .into_iter()
+            .filter(|r| r.resource.kind == "Network")
+            .collect();
+        let (sync, writers) = CellSync::new(
+            Settings {
+                location: "dfw".into(),
+                workers: 1,
+            },
+            networks,
+            Client::new(cell, "default"),
+            Client::new(hub, "default"),
+            HubHealth::new(),
+            Metrics::register(&mut Registry::default()),
+            Health::default(),
+        );
+        sync.cell_id.set("cell-1".into()).unwrap();
+        (sync, writers, handle)
+    }
+
+    /// The next request: its method, path and query, content type and JSON body (`Null` when
+    /// empty); answered with `status` and `body`.
+    async fn answer(handle: &mut Handle, status: StatusCode, body: Value) -> (Method, String, String, Value) {
+        let (request, respond) = tokio::time::timeout(std::time::Duration::from_secs(5), handle.next_request())
+            .await
+            .expect("a request within 5 s")
+            .expect("the client is alive");
+        let method = request.method().clone();
+        let uri = request.uri().to_string();
+        let content_type = request
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        let bytes = request.into_body().collect_bytes().await.unwrap();
+        let sent = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        let response = Response::builder()
+            .status(status)
+            .body(Body::from(serde_json::to_vec(&body).unwrap()))
+            .unwrap();
+        respond.send_response(response);
+        (method, uri, content_type, sent)
+    }
+
+    fn network(name: &str, uid: &str, resource_version: &str, location: &str) -> Value {
+        json!({
+            "apiVersion": "networking.datumapis.com/v1alpha",
+            "kind": "Network",
+            "metadata": {
+                "name": name,
+                "namespace": "team",
+                "uid": uid,
+                "resourceVersion": resource_version,
+                "labels": {"replicator.datumapis.com/location": location},
+                "annotations": {"replicator.datumapis.com/cell": "cell-1"},
+            },
+        })
+    }
+
+    fn status(code: u16, reason: &str, causes: Value) -> Value {
+        json!({
+            "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+            "reason": reason, "message": "refused", "details": {"causes": causes},
+        })
+    }
+
+    fn success() -> Value {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200})
+    }
+
+    fn desired() -> copy::Desired {
+        copy::Desired {
+            name: "web-dfw".into(),
+            namespace: "team".into(),
+            object: json!({
+                "apiVersion": "networking.datumapis.com/v1alpha",
+                "kind": "Network",
+                "metadata": {"name": "web-dfw", "namespace": "team",
+                             "labels": {"replicator.datumapis.com/location": "dfw"}},
+                "spec": {"ipam": {"mode": "Auto"}},
+            }),
+            status: Some(json!({
+                "apiVersion": "networking.datumapis.com/v1alpha",
+                "kind": "Network",
+                "metadata": {"name": "web-dfw", "namespace": "team"},
+                "status": {"ready": true},
+            })),
+            status_paths: vec![rules::FieldPath::try_from("ready".to_owned()).unwrap()],
+            hash: "h".into(),
+        }
+    }
+
+    fn api(sync: &CellSync) -> Api<DynamicObject> {
+        Api::namespaced_with(sync.hub.clone(), "team", &sync.rules[0].resource)
+    }
+
+    #[tokio::test]
+    async fn a_copy_is_applied_then_its_status_under_the_location_field_manager() {
+        let (sync, _writers, mut hub) = fixture();
+        let id: CopyId = (0, "team".into(), "web-dfw".into());
+        let write = {
+            let (sync, id) = (Arc::clone(&sync), id.clone());
+            tokio::spawn(async move { sync.apply_copy(&api(&sync), &id, &desired(), None).await })
+        };
+        let apply = answer(&mut hub, StatusCode::CREATED, network("web-dfw", "u-1", "11", "dfw")).await;
+        assert_eq!(apply.0, Method::PATCH);
+        assert_eq!(
+            apply.1,
+            format!("{COPIES}/web-dfw?&force=true&fieldManager=replicator-dfw")
+        );
+        assert_eq!(apply.2, "application/apply-patch+yaml");
+        assert_eq!(apply.3, desired().object);
+        let status_apply = answer(&mut hub, StatusCode::OK, network("web-dfw", "u-1", "12", "dfw")).await;
+        assert_eq!(status_apply.0, Method::PATCH);
+        assert_eq!(
+            status_apply.1,
+            format!("{COPIES}/web-dfw/status?&force=true&fieldManager=replicator-dfw")
+        );
+        assert_eq!(status_apply.3, desired().status.unwrap());
+        assert!(!write.await.unwrap().unwrap(), "applied, not replaced");
+        let mut echoes = lock(&sync.echoes);
+        assert_eq!(echoes.observe(&id, "11"), Seen::Echo, "the apply's echo is awaited");
+        assert_eq!(echoes.observe(&id, "12"), Seen::Echo, "the status apply's echo too");
+        assert_eq!(echoes.observe(&id, "13"), Seen::Change);
+    }
+
+    #[tokio::test]
+    async fn an_immutable_field_replaces_the_copy_read_by_its_uid() {
+        let (sync, _writers, mut hub) = fixture();
+        let existing: DynamicObject = serde_json::from_value(network("web-dfw", "u-old", "5", "dfw")).unwrap();
+        let write = {
+            let sync = Arc::clone(&sync);
+            tokio::spawn(async move {
+                let id = (0, "team".into(), "web-dfw".into());
+                let mut d = desired();
+                d.status = None;
+                sync.apply_copy(&api(&sync), &id, &d, Some(&existing)).await
+            })
+        };
+        let immutable = json!([{"reason": "FieldValueInvalid", "message": "Invalid value: \"IPv6\": field is immutable", "field": "addressType"}]);
+        let refused = answer(
+            &mut hub,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            status(422, "Invalid", immutable),
+        )
+        .await;
+        assert_eq!(refused.0, Method::PATCH);
+        let delete = answer(&mut hub, StatusCode::OK, success()).await;
+        assert_eq!(delete.0, Method::DELETE);
+        assert_eq!(delete.1, format!("{COPIES}/web-dfw?"));
+        assert_eq!(delete.3["preconditions"], json!({"uid": "u-old"}));
+        let create = answer(&mut hub, StatusCode::CREATED, network("web-dfw", "u-new", "6", "dfw")).await;
+        assert_eq!(create.0, Method::PATCH);
+        assert_eq!(create.3, desired().object);
+        assert!(write.await.unwrap().unwrap(), "replaced");
+    }
+
+    #[tokio::test]
+    async fn another_refusal_of_the_apply_is_the_pass_error_and_nothing_is_deleted() {
+        let (sync, _writers, mut hub) = fixture();
+        let existing: DynamicObject = serde_json::from_value(network("web-dfw", "u-old", "5", "dfw")).unwrap();
+        let write = {
+            let sync = Arc::clone(&sync);
+            tokio::spawn(async move {
+                let id = (0, "team".into(), "web-dfw".into());
+                sync.apply_copy(&api(&sync), &id, &desired(), Some(&existing)).await
+            })
+        };
+        let other = json!([{"reason": "FieldValueRequired", "message": "Required value", "field": "spec.ipam"}]);
+        answer(
+            &mut hub,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            status(422, "Invalid", other),
+        )
+        .await;
+        let err = write.await.unwrap().unwrap_err();
+        assert!(
+            matches!(&err, Error::Hub(kube::Error::Api(s)) if s.code == 422),
+            "{err}"
+        );
+        assert_eq!(err.class(), crate::api_errors::ErrorClass::Invalid);
+    }
+
+    #[tokio::test]
+    async fn a_withdrawal_deletes_the_cached_copy_by_uid_and_rereads_a_stale_one() {
+        let (sync, mut writers, mut hub) = fixture();
+        let cached: DynamicObject = serde_json::from_value(network("web-dfw", "u-stale", "5", "dfw")).unwrap();
+        writers.copies[0].apply_watcher_event(&kube::runtime::watcher::Event::Apply(cache::Cached::new(&cached)));
+        let withdraw = {
+            let sync = Arc::clone(&sync);
+            tokio::spawn(async move { sync.withdraw(&sync.rules[0], "team", "web-dfw").await })
+        };
+        let stale = answer(&mut hub, StatusCode::CONFLICT, status(409, "Conflict", json!([]))).await;
+        assert_eq!(
+            (stale.0, stale.3["preconditions"].clone()),
+            (Method::DELETE, json!({"uid": "u-stale"}))
+        );
+        let read = answer(
+            &mut hub,
+            StatusCode::OK,
+            json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                   "metadata": network("web-dfw", "u-now", "9", "dfw")["metadata"]}),
+        )
+        .await;
+        assert_eq!((read.0, read.1), (Method::GET, format!("{COPIES}/web-dfw")));
+        let delete = answer(&mut hub, StatusCode::OK, success()).await;
+        assert_eq!(
+            (delete.0, delete.3["preconditions"].clone()),
+            (Method::DELETE, json!({"uid": "u-now"}))
+        );
+        assert!(withdraw.await.unwrap().unwrap(), "deleted");
+    }
+
+    #[tokio::test]
+    async fn a_withdrawal_never_deletes_what_is_not_this_locations_copy() {
+        let (sync, _writers, mut hub) = fixture();
+        for holder in ["sjc", "gone"] {
+            let withdraw = {
+                let sync = Arc::clone(&sync);
+                tokio::spawn(async move { sync.withdraw(&sync.rules[0], "team", "web-dfw").await })
+            };
+            let read = if holder == "gone" {
+                answer(&mut hub, StatusCode::NOT_FOUND, status(404, "NotFound", json!([]))).await
+            } else {
+                answer(
+                    &mut hub,
+                    StatusCode::OK,
+                    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                           "metadata": network("web-dfw", "u-sjc", "9", holder)["metadata"]}),
+                )
+                .await
+            };
+            assert_eq!(read.0, Method::GET, "no cached copy: read first");
+            assert!(!withdraw.await.unwrap().unwrap(), "{holder}: nothing deleted");
+        }
+    }
+}
