@@ -5,18 +5,23 @@
 //! when the worker calls [`WorkQueue::done`], so the latest state always gets one more pass.
 //! kube-runtime's `Controller` runner has these semantics but reconciles only objects present in
 //! its store (a deleted source would never be seen), so the replicator keeps its own queue.
+//!
+//! Retries are a delay queue inside it: [`WorkQueue::add_after`] records a due time per key (the
+//! earliest, when a key is delayed twice), and the waiting workers sleep until the earliest due
+//! time, so no task or timer exists per delayed key; 10,000 keys backing off cost 10,000 map
+//! entries and one timer per idle worker.
 
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{BTreeSet, HashMap, HashSet, VecDeque},
     hash::Hash,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Mutex, MutexGuard},
     time::{Duration, Instant},
 };
 
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 
-/// The queue. Share it behind an [`Arc`].
+/// The queue. Share it behind an [`Arc`](std::sync::Arc).
 pub struct WorkQueue<K> {
     state: Mutex<State<K>>,
     notify: Notify,
@@ -30,16 +35,20 @@ struct State<K> {
     queued: HashMap<K, Instant>,
     active: HashSet<K>,
     again: HashSet<K>,
+    /// Delayed keys by due time (a sequence number breaks ties), and each one's due time.
+    delayed: BTreeSet<(tokio::time::Instant, u64, K)>,
+    due: HashMap<K, (tokio::time::Instant, u64)>,
+    sequence: u64,
     closed: bool,
 }
 
-impl<K: Hash + Eq + Clone + Send + 'static> Default for WorkQueue<K> {
+impl<K: Hash + Eq + Ord + Clone + Send + 'static> Default for WorkQueue<K> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
+impl<K: Hash + Eq + Ord + Clone + Send + 'static> WorkQueue<K> {
     /// An empty, open queue.
     pub fn new() -> Self {
         Self::with_depth_gauge(None)
@@ -63,6 +72,9 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
                 queued: HashMap::new(),
                 active: HashSet::new(),
                 again: HashSet::new(),
+                delayed: BTreeSet::new(),
+                due: HashMap::new(),
+                sequence: 0,
                 closed: false,
             }),
             notify: Notify::new(),
@@ -85,27 +97,70 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
     /// Queues `key` unless it is already queued; marks it for another pass if it is active.
     pub fn add(&self, key: K) {
         let mut s = self.lock();
+        if self.add_locked(&mut s, key) {
+            drop(s);
+            self.notify.notify_one();
+        }
+    }
+
+    /// [`WorkQueue::add`] with the lock held; returns whether the key was queued (a worker is
+    /// to be woken).
+    fn add_locked(&self, s: &mut State<K>, key: K) -> bool {
         if s.closed || s.queued.contains_key(&key) {
-            return;
+            return false;
         }
         if s.active.contains(&key) {
             s.again.insert(key);
-            return;
+            return false;
         }
         s.queued.insert(key.clone(), Instant::now());
         s.order.push_back(key);
-        self.report(&s);
-        drop(s);
-        self.notify.notify_one();
+        self.report(s);
+        true
     }
 
-    /// Queues `key` after `delay` (per-key backoff); the queue must be shared via [`Arc`].
-    pub fn add_after(self: &Arc<Self>, key: K, delay: Duration) {
-        let queue = Arc::clone(self);
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            queue.add(key);
-        });
+    /// Queues `key` once `delay` has passed (per-key backoff), as [`WorkQueue::add`] would then.
+    /// A key already delayed keeps the earlier of its due times. Needs no runtime and starts no
+    /// task: the due time is recorded and the waiting workers wake for it.
+    pub fn add_after(&self, key: K, delay: Duration) {
+        let at = tokio::time::Instant::now() + delay;
+        let mut s = self.lock();
+        if s.closed {
+            return;
+        }
+        if let Some(&(due, seq)) = s.due.get(&key) {
+            if due <= at {
+                return;
+            }
+            s.delayed.remove(&(due, seq, key.clone()));
+        }
+        s.sequence = s.sequence.wrapping_add(1);
+        let seq = s.sequence;
+        s.delayed.insert((at, seq, key.clone()));
+        s.due.insert(key, (at, seq));
+        drop(s);
+        // Every waiting worker recomputes the time it sleeps until.
+        self.notify.notify_waiters();
+    }
+
+    /// Queues the delayed keys that are due; returns the next due time, if any is left.
+    fn promote_due(&self, s: &mut State<K>) -> Option<tokio::time::Instant> {
+        let now = tokio::time::Instant::now();
+        while let Some((at, _, _)) = s.delayed.first() {
+            if *at > now {
+                return Some(*at);
+            }
+            if let Some((_, _, key)) = s.delayed.pop_first() {
+                s.due.remove(&key);
+                self.add_locked(s, key);
+            }
+        }
+        None
+    }
+
+    /// Number of keys waiting out [`WorkQueue::add_after`].
+    pub fn delayed(&self) -> usize {
+        self.lock().delayed.len()
     }
 
     /// Waits for the next key and marks it active; `None` once the queue is closed and drained.
@@ -117,8 +172,9 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
             let notified = self.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            {
+            let wake_at = {
                 let mut s = self.lock();
+                let wake_at = self.promote_due(&mut s);
                 if let Some(key) = s.order.pop_front() {
                     let waited = s.queued.remove(&key).map(|at| at.elapsed()).unwrap_or_default();
                     s.active.insert(key.clone());
@@ -132,8 +188,17 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
                 if s.closed {
                     return None;
                 }
+                wake_at
+            };
+            match wake_at {
+                Some(at) => {
+                    tokio::select! {
+                        () = &mut notified => {}
+                        () = tokio::time::sleep_until(at) => {}
+                    }
+                }
+                None => notified.await,
             }
-            notified.await;
         }
     }
 
@@ -160,12 +225,14 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
         self.len() == 0
     }
 
-    /// Stops accepting keys and wakes every waiting worker; waiting keys are dropped.
+    /// Stops accepting keys and wakes every waiting worker; waiting and delayed keys are dropped.
     pub fn close(&self) {
         let mut s = self.lock();
         s.closed = true;
         s.order.clear();
         s.queued.clear();
+        s.delayed.clear();
+        s.due.clear();
         self.report(&s);
         drop(s);
         self.notify.notify_waiters();
@@ -174,6 +241,8 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[tokio::test]
@@ -276,13 +345,73 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn add_after_delays_the_key() {
+    async fn add_after_delays_the_key_without_a_task() {
         let q = Arc::new(WorkQueue::new());
         q.add_after("k", Duration::from_secs(3));
-        tokio::task::yield_now().await;
         assert!(q.is_empty());
-        tokio::time::advance(Duration::from_secs(4)).await;
-        tokio::task::yield_now().await;
+        assert_eq!(q.delayed(), 1);
+        let started = tokio::time::Instant::now();
         assert_eq!(q.next().await.map(|(k, _)| k), Some("k"));
+        assert_eq!(started.elapsed(), Duration::from_secs(3), "woken at the due time");
+        assert_eq!(q.delayed(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_delayed_twice_keeps_its_earlier_due_time_and_comes_once() {
+        let q = Arc::new(WorkQueue::new());
+        let t0 = tokio::time::Instant::now();
+        q.add_after("k", Duration::from_secs(10));
+        q.add_after("k", Duration::from_secs(2));
+        q.add_after("k", Duration::from_secs(5));
+        q.add_after("j", Duration::from_secs(4));
+        assert_eq!(q.delayed(), 2);
+        assert_eq!(q.next().await.map(|(k, _)| k), Some("k"));
+        assert_eq!(t0.elapsed(), Duration::from_secs(2));
+        q.done(&"k");
+        assert_eq!(q.next().await.map(|(k, _)| k), Some("j"));
+        assert_eq!(t0.elapsed(), Duration::from_secs(4));
+        q.done(&"j");
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let more = tokio::time::timeout(Duration::from_secs(1), q.next()).await;
+        assert!(more.is_err(), "nothing else comes: {more:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_worker_wakes_earlier_for_a_nearer_due_time() {
+        let q = Arc::new(WorkQueue::new());
+        let t0 = tokio::time::Instant::now();
+        q.add_after("late", Duration::from_secs(30));
+        let worker = {
+            let q = Arc::clone(&q);
+            tokio::spawn(async move { q.next().await.map(|(k, _)| (k, t0.elapsed())) })
+        };
+        // The worker is asleep until the late key's due time.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        q.add_after("soon", Duration::from_secs(1));
+        let got = worker.await.unwrap();
+        assert_eq!(got, Some(("soon", Duration::from_secs(2))));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delayed_key_due_while_active_comes_back_after_done() {
+        let q = Arc::new(WorkQueue::new());
+        q.add("k");
+        assert_eq!(q.next().await.map(|(k, _)| k), Some("k"));
+        q.add_after("k", Duration::from_secs(1));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        q.add("other");
+        assert_eq!(q.next().await.map(|(k, _)| k), Some("other"));
+        q.done(&"k");
+        assert_eq!(q.next().await.map(|(k, _)| k), Some("k"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn close_drops_delayed_keys() {
+        let q = Arc::new(WorkQueue::new());
+        q.add_after("k", Duration::from_secs(1));
+        q.close();
+        assert_eq!(q.delayed(), 0);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(q.next().await, None);
     }
 }

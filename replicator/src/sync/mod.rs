@@ -79,7 +79,7 @@ pub use gate::WriteGate;
 pub const LIST_PAGE: u32 = 100;
 
 /// A queued unit of work: one source key of one rule.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Key {
     /// Index of the rule in [`CellSync::rules`].
     pub rule: usize,
