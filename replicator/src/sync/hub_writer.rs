@@ -141,77 +141,17 @@ mod tests {
 
     use std::sync::Arc;
 
-    use http::{Method, Request, Response, StatusCode};
-    use kube::{Client, client::Body};
-    use prometheus_client::registry::Registry;
+    use http::{Method, StatusCode};
     use serde_json::{Value, json};
-    use tower_test::mock;
 
     use super::*;
     use crate::{
-        cluster::HubHealth,
         echo::Seen,
-        health::Health,
-        metrics::Metrics,
         rules,
-        sync::{Settings, Writers},
+        sync::testing::{answer, fixture},
     };
 
-    type Handle = mock::Handle<Request<Body>, Response<Body>>;
-
     const COPIES: &str = "/apis/networking.datumapis.com/v1alpha/namespaces/team/networks";
-
-    /// A sync of location `dfw` in cell `cell-1` for Networks whose hub is the returned mock.
-    fn fixture() -> (Arc<CellSync>, Writers, Handle) {
-        let (cell, _) = mock::pair::<Request<Body>, Response<Body>>();
-        let (hub, handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let networks: Vec<_> = rules::default_rules()
-            .into_iter()
-            .filter(|r| r.resource.kind == "Network")
-            .collect();
-        let (sync, writers) = CellSync::new(
-            Settings {
-                location: "dfw".into(),
-                workers: 1,
-            },
-            networks,
-            Client::new(cell, "default"),
-            Client::new(hub, "default"),
-            HubHealth::new(),
-            Metrics::register(&mut Registry::default()),
-            Health::default(),
-        );
-        sync.cell_id.set("cell-1".into()).unwrap();
-        (sync, writers, handle)
-    }
-
-    /// The next request: its method, path and query, content type and JSON body (`Null` when
-    /// empty); answered with `status` and `body`.
-    async fn answer(handle: &mut Handle, status: StatusCode, body: Value) -> (Method, String, String, Value) {
-        let (request, respond) = tokio::time::timeout(std::time::Duration::from_secs(5), handle.next_request())
-            .await
-            .expect("a request within 5 s")
-            .expect("the client is alive");
-        let method = request.method().clone();
-        let uri = request.uri().to_string();
-        let content_type = request
-            .headers()
-            .get(http::header::CONTENT_TYPE)
-            .map(|v| v.to_str().unwrap().to_owned())
-            .unwrap_or_default();
-        let bytes = request.into_body().collect_bytes().await.unwrap();
-        let sent = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes).unwrap()
-        };
-        let response = Response::builder()
-            .status(status)
-            .body(Body::from(serde_json::to_vec(&body).unwrap()))
-            .unwrap();
-        respond.send_response(response);
-        (method, uri, content_type, sent)
-    }
 
     fn network(name: &str, uid: &str, resource_version: &str, location: &str) -> Value {
         json!({
@@ -267,7 +207,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_copy_is_applied_then_its_status_under_the_location_field_manager() {
-        let (sync, _writers, mut hub) = fixture();
+        let (sync, _writers, _cell, mut hub) = fixture();
         let id: CopyId = (0, "team".into(), "web-dfw".into());
         let write = {
             let (sync, id) = (Arc::clone(&sync), id.clone());
@@ -297,7 +237,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_immutable_field_replaces_the_copy_read_by_its_uid() {
-        let (sync, _writers, mut hub) = fixture();
+        let (sync, _writers, _cell, mut hub) = fixture();
         let existing: DynamicObject = serde_json::from_value(network("web-dfw", "u-old", "5", "dfw")).unwrap();
         let write = {
             let sync = Arc::clone(&sync);
@@ -328,7 +268,7 @@ mod tests {
 
     #[tokio::test]
     async fn another_refusal_of_the_apply_is_the_pass_error_and_nothing_is_deleted() {
-        let (sync, _writers, mut hub) = fixture();
+        let (sync, _writers, _cell, mut hub) = fixture();
         let existing: DynamicObject = serde_json::from_value(network("web-dfw", "u-old", "5", "dfw")).unwrap();
         let write = {
             let sync = Arc::clone(&sync);
@@ -354,7 +294,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_withdrawal_deletes_the_cached_copy_by_uid_and_rereads_a_stale_one() {
-        let (sync, mut writers, mut hub) = fixture();
+        let (sync, mut writers, _cell, mut hub) = fixture();
         let cached: DynamicObject = serde_json::from_value(network("web-dfw", "u-stale", "5", "dfw")).unwrap();
         writers.copies[0].apply_watcher_event(&kube::runtime::watcher::Event::Apply(cache::Cached::new(&cached)));
         let withdraw = {
@@ -384,7 +324,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_withdrawal_never_deletes_what_is_not_this_locations_copy() {
-        let (sync, _writers, mut hub) = fixture();
+        let (sync, _writers, _cell, mut hub) = fixture();
         for holder in ["sjc", "gone"] {
             let withdraw = {
                 let sync = Arc::clone(&sync);

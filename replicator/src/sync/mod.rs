@@ -34,6 +34,8 @@ mod pass;
 mod readiness;
 mod reflectors;
 mod step;
+#[cfg(test)]
+mod testing;
 mod worker;
 
 use std::{

@@ -195,3 +195,149 @@ impl CellSync {
         self.metrics.last_sync.get_or_create(&state.labels).set(now);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The worker's error policy with paused time: when a failed key comes back, per class; the
+    //! Event on the source, once per class; the error metric.
+
+    use http::{Method, StatusCode};
+    use kube::{api::DynamicObject, runtime::watcher};
+    use serde_json::json;
+
+    use super::*;
+    use crate::{
+        cache::Cached,
+        sync::testing::{Handle, answer, fixture},
+    };
+
+    fn key() -> Key {
+        Key {
+            rule: 0,
+            namespace: "team".into(),
+            name: "web".into(),
+        }
+    }
+
+    fn api_error(code: u16, reason: &str) -> Error {
+        Error::Hub(kube::Error::Api(
+            serde_json::from_value(json!({
+                "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "code": code, "reason": reason, "message": "refused",
+            }))
+            .unwrap(),
+        ))
+    }
+
+    fn errors(sync: &CellSync, class: &'static str) -> u64 {
+        sync.metrics
+            .errors
+            .get_or_create(&ErrorLabels {
+                kind: "Network".into(),
+                location: "dfw".into(),
+                class,
+            })
+            .get()
+    }
+
+    /// Fails `key` with `err` once (answering the Event it publishes on the cell, if any) and
+    /// returns the reason of that Event and how long until the key is handed out again (`None`:
+    /// not within an hour).
+    async fn fail_once(
+        sync: &Arc<CellSync>,
+        cell: &mut Handle,
+        err: Error,
+        events: bool,
+    ) -> (Option<String>, Option<Duration>) {
+        let failing = {
+            let sync = Arc::clone(sync);
+            tokio::spawn(async move {
+                let span = tracing::Span::none();
+                sync.handle_error(&key(), &err, &span).await;
+            })
+        };
+        let reason = if events {
+            let (method, uri, _, body) = answer(cell, StatusCode::CREATED, json!({})).await;
+            assert_eq!(method, Method::POST);
+            assert_eq!(uri, "/apis/events.k8s.io/v1/namespaces/team/events?");
+            assert_eq!(body["regarding"]["name"], "web");
+            body["reason"].as_str().map(str::to_owned)
+        } else {
+            None
+        };
+        failing.await.unwrap();
+        sync.queue.done(&key());
+        let t0 = tokio::time::Instant::now();
+        let back = tokio::time::timeout(Duration::from_secs(3600), sync.queue.next()).await;
+        let back = back.ok().flatten().map(|(k, _)| {
+            assert_eq!(k, key());
+            sync.queue.done(&k);
+            t0.elapsed()
+        });
+        (reason, back)
+    }
+
+    fn cache_source(writers: &mut crate::sync::Writers) {
+        let source: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "networking.datumapis.com/v1alpha", "kind": "Network",
+            "metadata": {"name": "web", "namespace": "team", "uid": "src-1", "resourceVersion": "3"},
+        }))
+        .unwrap();
+        writers.sources[0].apply_watcher_event(&watcher::Event::Apply(Cached::new(&source)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_transient_failure_backs_off_from_250_ms_without_an_event() {
+        let (sync, mut writers, mut cell, _hub) = fixture();
+        cache_source(&mut writers);
+        for want in [250, 500, 1000, 2000] {
+            let (event, back) = fail_once(&sync, &mut cell, api_error(500, "InternalError"), false).await;
+            assert_eq!((event, back), (None, Some(Duration::from_millis(want))));
+        }
+        assert_eq!(errors(&sync, "transient"), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_backs_off_from_5_s_and_is_reported_once_per_class() {
+        let (sync, mut writers, mut cell, _hub) = fixture();
+        cache_source(&mut writers);
+        let (event, back) = fail_once(&sync, &mut cell, api_error(403, "Forbidden"), true).await;
+        assert_eq!(event.as_deref(), Some("HubWriteForbidden"));
+        assert_eq!(back, Some(Duration::from_secs(5)));
+        let (event, back) = fail_once(&sync, &mut cell, api_error(403, "Forbidden"), false).await;
+        assert_eq!((event, back), (None, Some(Duration::from_secs(10))), "reported once");
+        // Another class is another report; the attempts go on counting.
+        let (event, back) = fail_once(&sync, &mut cell, api_error(422, "Invalid"), true).await;
+        assert_eq!(event.as_deref(), Some("HubRejectedCopy"));
+        assert_eq!(back, Some(Duration::from_secs(20)));
+        assert_eq!(errors(&sync, "forbidden"), 2);
+        assert_eq!(errors(&sync, "invalid"), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_backs_off_to_at_most_5_minutes() {
+        let (sync, mut writers, mut cell, _hub) = fixture();
+        cache_source(&mut writers);
+        let mut last = None;
+        for attempt in 1..=9 {
+            let (_, back) = fail_once(&sync, &mut cell, api_error(403, "Forbidden"), attempt == 1).await;
+            last = back;
+        }
+        assert_eq!(last, Some(Duration::from_secs(300)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_invalid_source_is_not_retried_until_it_changes() {
+        let (sync, mut writers, mut cell, _hub) = fixture();
+        cache_source(&mut writers);
+        lock(&sync.first_seen).insert(key(), Instant::now());
+        let err = Error::Source(crate::copy::Error::InvalidLabelValue {
+            key: "networking.datumapis.com/held-by".into(),
+            value: "-".into(),
+        });
+        let (event, back) = fail_once(&sync, &mut cell, err, true).await;
+        assert_eq!((event.as_deref(), back), (Some("SourceInvalid"), None));
+        assert!(!lock(&sync.first_seen).contains_key(&key()), "its lag is not measured");
+        assert_eq!(errors(&sync, "source_invalid"), 1);
+    }
+}
