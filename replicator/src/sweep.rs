@@ -21,7 +21,7 @@ use std::{
 
 use kube::{
     Api, ResourceExt,
-    api::{DeleteParams, DynamicObject, Preconditions},
+    api::DynamicObject,
     core::{Selector, SelectorExt},
 };
 use rand::Rng;
@@ -113,6 +113,54 @@ pub async fn sweep_once(sync: &CellSync, metrics: &Metrics, settings: Settings) 
     report
 }
 
+/// What the sweep makes of one hub copy from the caches alone (pure; see [`examine`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Examined {
+    /// Another location's copy, or one of this location published by another cell: never ours
+    /// to collect.
+    NotOurs,
+    /// Ours, but without the source annotations: left alone (nothing says what its source is).
+    NoSource,
+    /// Its source is in the cell cache: kept.
+    SourceCached,
+    /// Its source `namespace/name` is missing from the cache: confirm with a read of the cell.
+    Confirm {
+        /// The source's namespace.
+        namespace: String,
+        /// The source's name.
+        name: String,
+    },
+}
+
+/// Examines hub copy `copy`: `ours` whether it is this location's copy from this cell,
+/// `source_cached(namespace, name)` whether the cell cache holds a source.
+fn examine(copy: &DynamicObject, ours: bool, source_cached: impl Fn(&str, &str) -> bool) -> Examined {
+    if !ours {
+        return Examined::NotOurs;
+    }
+    let annotations = copy.annotations();
+    let (Some(namespace), Some(name)) = (
+        annotations.get(copy::SOURCE_NAMESPACE_ANNOTATION),
+        annotations.get(copy::SOURCE_NAME_ANNOTATION),
+    ) else {
+        return Examined::NoSource;
+    };
+    if source_cached(namespace, name) {
+        return Examined::SourceCached;
+    }
+    Examined::Confirm {
+        namespace: namespace.clone(),
+        name: name.clone(),
+    }
+}
+
+/// Whether a copy whose source the cache misses is collected, given the cell's answer to the
+/// confirming read of the source: kept while the object read is still a source
+/// ([`still_a_source`]); collected when it is gone or no longer a source.
+fn collect(state: &RuleState, read: Option<&DynamicObject>) -> bool {
+    !read.is_some_and(|source| still_a_source(state, source))
+}
+
 /// Sweeps `copies`, this location's copies of `state`'s kind (see [`sweep_once`]).
 async fn sweep_copies(
     sync: &CellSync,
@@ -133,9 +181,10 @@ async fn sweep_copies(
                 continue;
             }
         };
-        // Another location's copy, or one of this location published by another cell: never ours
-        // to collect.
-        if !sync.ours(&copy) {
+        let examined = examine(&copy, sync.ours(&copy), |namespace, name| {
+            state.sources.get(&crate::cache::key(namespace, name)).is_some()
+        });
+        if examined == Examined::NotOurs {
             continue;
         }
         report.examined += 1;
@@ -146,20 +195,17 @@ async fn sweep_copies(
             namespace = %copy.namespace().unwrap_or_default(),
             name = %copy.name_any()
         );
-        let annotations = copy.annotations();
-        let (Some(namespace), Some(name)) = (
-            annotations.get(copy::SOURCE_NAMESPACE_ANNOTATION).cloned(),
-            annotations.get(copy::SOURCE_NAME_ANNOTATION).cloned(),
-        ) else {
-            tracing::warn!(parent: &copy_span, "copy lacks source annotations; left alone");
-            continue;
+        let (namespace, name) = match examined {
+            Examined::NotOurs | Examined::SourceCached => continue,
+            Examined::NoSource => {
+                tracing::warn!(parent: &copy_span, "copy lacks source annotations; left alone");
+                continue;
+            }
+            Examined::Confirm { namespace, name } => (namespace, name),
         };
-        if state.sources.get(&crate::cache::key(&namespace, &name)).is_some() {
-            continue;
-        }
         let cell_api = Api::<DynamicObject>::namespaced_with(sync.cell().clone(), &namespace, &state.resource);
         match cell_api.get_opt(&name).await {
-            Ok(Some(source)) if still_a_source(state, &source) => continue,
+            Ok(read) if !collect(state, read.as_ref()) => continue,
             Ok(_) => {}
             Err(err) => {
                 tracing::warn!(parent: &copy_span, source = %format!("{namespace}/{name}"), error = %err, "cell read failed; copy kept");
@@ -175,21 +221,14 @@ async fn sweep_copies(
             report.interrupted = true;
             break;
         }
-        let copy_api = Api::<DynamicObject>::namespaced_with(sync.hub().clone(), &namespace, &state.resource);
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: copy.uid(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match copy_api.delete(&copy.name_any(), &params).await {
-            Ok(_) => {
+        match sync.delete_copy(state, &namespace, &copy.name_any(), copy.uid()).await {
+            Ok(Some(true)) => {
                 report.deleted += 1;
                 metrics.sweep_deleted.get_or_create(&state.labels).inc();
                 tracing::info!(parent: &copy_span, source = %format!("{namespace}/{name}"), "sweep collected a copy whose source is gone");
             }
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            // Already gone (404), or replaced since the cache saw it (409: another UID).
+            Ok(_) => {}
             Err(err) => tracing::warn!(parent: &copy_span, error = %err, "sweep delete failed"),
         }
     }
@@ -502,6 +541,45 @@ mod tests {
             state,
             &object(json!({"galactic.datum.net/tenant-id": "t1", crate::rules::KARMADA_MANAGED_LABEL: "true"}))
         ));
+    }
+
+    #[test]
+    fn examine_judges_a_copy_from_the_caches() {
+        let copy = network_copy("demo", "web", "dfw");
+        let cached = |ns: &str, name: &str| (ns, name) == ("demo", "web");
+        let missing = |_: &str, _: &str| false;
+        assert_eq!(examine(&copy, false, missing), Examined::NotOurs);
+        assert_eq!(examine(&copy, true, cached), Examined::SourceCached);
+        assert_eq!(
+            examine(&copy, true, missing),
+            Examined::Confirm {
+                namespace: "demo".into(),
+                name: "web".into()
+            }
+        );
+        let mut bare = copy.clone();
+        bare.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .remove(copy::SOURCE_NAME_ANNOTATION);
+        assert_eq!(examine(&bare, true, missing), Examined::NoSource);
+    }
+
+    #[tokio::test]
+    async fn a_copy_is_collected_when_the_cell_has_no_source_or_no_longer_a_source() {
+        let f = Fixture::new(rule_with_selector(Some(json!({"matchLabels": {"app": "web"}}))));
+        let state = &f.sync.rules[0];
+        assert!(collect(state, None), "gone from the cell");
+        assert!(!collect(state, Some(&object(json!({"app": "web"})))), "still a source");
+        assert!(collect(state, Some(&object(json!({"app": "db"})))), "left the selector");
+        assert!(
+            collect(
+                state,
+                Some(&object(json!({"app": "web", crate::rules::LOCATION_LABEL: "sjc"})))
+            ),
+            "a copy, not a source"
+        );
     }
 
     #[tokio::test]

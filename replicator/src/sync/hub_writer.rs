@@ -110,6 +110,23 @@ impl CellSync {
         Ok(self.delete_uid(&api, name, copy.uid()).await?.unwrap_or(false))
     }
 
+    /// Deletes this location's copy `namespace/name` of rule `state` if its UID is `uid` (the
+    /// sweep's collection): `Some(true)` deleted, `Some(false)` already gone, `None` the UID did
+    /// not match (the copy was replaced since it was read).
+    ///
+    /// # Errors
+    /// [`Error::Hub`] for any other failure.
+    pub(crate) async fn delete_copy(
+        &self,
+        state: &RuleState,
+        namespace: &str,
+        name: &str,
+        uid: Option<String>,
+    ) -> Result<Option<bool>, Error> {
+        let api = Api::<DynamicObject>::namespaced_with(self.hub.clone(), namespace, &state.resource);
+        self.delete_uid(&api, name, uid).await
+    }
+
     /// Deletes `name` if its UID is `uid`: `Some(true)` deleted, `Some(false)` already gone,
     /// `None` the UID did not match (409).
     pub(super) async fn delete_uid(
