@@ -33,7 +33,10 @@ use kube::{
     Client,
     api::DynamicObject,
     core::Selector,
-    runtime::{events::Recorder, reflector::Store},
+    runtime::{
+        events::{Recorder, Reporter},
+        reflector::{Store, store::Writer},
+    },
 };
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -263,6 +266,49 @@ fn typed<K: serde::de::DeserializeOwned>(o: &DynamicObject) -> Option<K> {
 
 fn selector_of(service: &NetworkService) -> Result<Selector, String> {
     Selector::try_from(service.spec.network_interfaces.selector.clone()).map_err(|e| e.to_string())
+}
+
+/// The reflector writers of a [`Controller`], handed to its watch loops.
+pub(crate) struct Writers {
+    interfaces: Writer<DynamicObject>,
+    services: Writer<DynamicObject>,
+    slices: Writer<EndpointSlice>,
+    namespaces: Writer<Namespace>,
+}
+
+impl Controller {
+    /// A controller writing to `hub`, with empty caches, not leading; its reflectors are fed
+    /// through the returned writers.
+    pub(crate) fn new(hub: Client, hub_health: cluster::HubHealth, metrics: Metrics) -> (Arc<Controller>, Writers) {
+        let writers = Writers {
+            interfaces: Writer::new(interface_resource()),
+            services: Writer::new(service_resource()),
+            slices: Writer::default(),
+            namespaces: Writer::default(),
+        };
+        let controller = Controller {
+            interfaces: writers.interfaces.as_reader(),
+            services: writers.services.as_reader(),
+            slices: writers.slices.as_reader(),
+            namespaces: writers.namespaces.as_reader(),
+            queue: Arc::new(WorkQueue::new()),
+            matched: Mutex::default(),
+            attempts: Mutex::default(),
+            listed: tokio::sync::watch::Sender::new(0),
+            leader: tokio::sync::watch::Sender::new(false),
+            metrics,
+            recorder: Recorder::new(
+                hub.clone(),
+                Reporter {
+                    controller: "replicator-membership".into(),
+                    instance: None,
+                },
+            ),
+            hub,
+            hub_health,
+        };
+        (Arc::new(controller), writers)
+    }
 }
 
 /// The readiness component of the first lists (the `hub` component is the hub's state).

@@ -1,9 +1,6 @@
 //! One pass over one NetworkService: its EndpointSlices, then its status and the Events of
 //! its condition transitions.
 
-use super::endpoints::{self, Ownership};
-use super::rollup::{self, SlicesOutcome};
-
 use std::{
     collections::{BTreeMap, HashSet},
     sync::Arc,
@@ -26,7 +23,12 @@ use crate::{
     copy, routing,
 };
 
-use super::{ClassLabels, Controller, FIELD_MANAGER, Key, ServiceLabels, selector_of, service_resource, typed};
+use super::{
+    ClassLabels, Controller, FIELD_MANAGER, Key, ServiceLabels,
+    endpoints::{self, Ownership},
+    rollup::{self, SlicesOutcome},
+    selector_of, service_resource, typed,
+};
 
 impl Controller {
     /// One pass over one service: slices first, then the status, which is written (when it
@@ -340,4 +342,263 @@ fn without_types(body: &serde_json::Value) -> serde_json::Value {
 fn endpoints_equal(current: &serde_json::Value, desired: &serde_json::Value) -> bool {
     let len = |v: &serde_json::Value| v.get("endpoints").and_then(|e| e.as_array()).map_or(0, Vec::len);
     len(current) == len(desired)
+}
+
+#[cfg(test)]
+mod tests {
+    //! One service pass against a mock hub (`tower-test`): the exact slice and status apply
+    //! bodies, a slice name held by a hand-made slice, and a transient slice failure.
+
+    use std::time::Duration;
+
+    use http::{Method, Request, Response, StatusCode};
+    use kube::{Client, client::Body, runtime::watcher::Event};
+    use prometheus_client::registry::Registry;
+    use serde_json::{Value, json};
+    use tower_test::mock;
+
+    use super::*;
+    use crate::{cluster::HubHealth, membership::Writers};
+
+    type Handle = mock::Handle<Request<Body>, Response<Body>>;
+
+    const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/team/endpointslices";
+    const SERVICES: &str = "/apis/networking.datumapis.com/v1alpha/namespaces/team/networkservices";
+
+    /// A controller over a mock hub whose caches hold service `web` (port `http` 8080, selecting
+    /// workload `web`), namespace `team` routed to `cluster-p`, and one interface per
+    /// `(name, location, address, healthy)`.
+    fn fixture(interfaces: &[(&str, &str, &str, bool)]) -> (Arc<Controller>, Writers, Handle) {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let (controller, mut writers) = Controller::new(
+            Client::new(service, "default"),
+            HubHealth::new(),
+            super::super::Metrics::register(&mut Registry::default()),
+        );
+        let apply = |o: Value| Event::Apply(serde_json::from_value::<kube::api::DynamicObject>(o).unwrap());
+        writers.services.apply_watcher_event(&apply(json!({
+            "apiVersion": "networking.datumapis.com/v1alpha", "kind": "NetworkService",
+            "metadata": {"name": "web", "namespace": "team", "uid": "svc-1", "generation": 3},
+            "spec": {
+                "networkInterfaces": {"selector": {"matchLabels": {"compute.datumapis.com/workload": "web"}}},
+                "ports": [{"name": "http", "port": 8080}]
+            }
+        })));
+        for (name, location, address, healthy) in interfaces {
+            let (status, reason) = if *healthy {
+                ("True", "HolderAvailable")
+            } else {
+                ("False", "HolderUnavailable")
+            };
+            writers.interfaces.apply_watcher_event(&apply(json!({
+                "apiVersion": "networking.datumapis.com/v1alpha", "kind": "NetworkInterface",
+                "metadata": {"name": name, "namespace": "team", "labels": {
+                    "compute.datumapis.com/workload": "web",
+                    "networking.datumapis.com/location": location,
+                    "replicator.datumapis.com/location": location,
+                }},
+                "spec": {"network": {"name": "default"}, "addresses": [{"family": "IPv6", "address": address, "primary": true}]},
+                "status": {"phase": "Bound", "conditions": [{"type": "HolderAvailable", "status": status, "reason": reason,
+                    "message": "", "lastTransitionTime": "2026-12-01T00:00:00Z"}]}
+            })));
+        }
+        writers.namespaces.apply_watcher_event(&Event::Apply(
+            serde_json::from_value(json!({"metadata": {"name": "team", "labels": {
+                "meta.datumapis.com/upstream-cluster-name": "cluster-p",
+                "meta.datumapis.com/upstream-namespace": "ns-p"
+            }}}))
+            .unwrap(),
+        ));
+        (controller, writers, handle)
+    }
+
+    /// The next request (method, path and query, JSON body), answered with `status` and `body`.
+    async fn answer(hub: &mut Handle, status: StatusCode, body: Value) -> (Method, String, Value) {
+        let (request, respond) = tokio::time::timeout(Duration::from_secs(5), hub.next_request())
+            .await
+            .expect("a request within 5 s")
+            .expect("the client is alive");
+        let (method, uri) = (request.method().clone(), request.uri().to_string());
+        let bytes = request.into_body().collect_bytes().await.unwrap();
+        let sent = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        respond.send_response(
+            Response::builder()
+                .status(status)
+                .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                .unwrap(),
+        );
+        (method, uri, sent)
+    }
+
+    /// What the hub answers to an apply of slice `web-http` (its body is not read back).
+    fn slice_answer() -> Value {
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"name": "web-http", "namespace": "team", "uid": "slice-1"},
+               "addressType": "IPv6", "endpoints": []})
+    }
+
+    /// What the hub answers to a status apply of service `web`.
+    fn service_answer() -> Value {
+        json!({"apiVersion": "networking.datumapis.com/v1alpha", "kind": "NetworkService",
+               "metadata": {"name": "web", "namespace": "team", "uid": "svc-1"},
+               "spec": {"networkInterfaces": {"selector": {}}, "ports": []}})
+    }
+
+    fn not_found() -> Value {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404, "reason": "NotFound", "message": "not found"})
+    }
+
+    /// Answers the Events the pass publishes until it ends; returns its result and the reasons.
+    async fn finish(
+        hub: &mut Handle,
+        pass: tokio::task::JoinHandle<Result<bool, kube::Error>>,
+    ) -> (Result<bool, kube::Error>, Vec<String>) {
+        let mut reasons = Vec::new();
+        tokio::pin!(pass);
+        loop {
+            tokio::select! {
+                done = &mut pass => return (done.unwrap(), reasons),
+                next = hub.next_request() => {
+                    let (request, respond) = next.expect("the client is alive");
+                    // A new Event is created; one the recorder has sent before is patched (a series).
+                    let path = request.uri().path().to_owned();
+                    let created = request.method() == Method::POST && path == "/apis/events.k8s.io/v1/namespaces/team/events";
+                    let patched = request.method() == Method::PATCH && path.starts_with("/apis/events.k8s.io/v1/namespaces/team/events/web.");
+                    assert!(created || patched, "only Events: {} {path}", request.method());
+                    let bytes = request.into_body().collect_bytes().await.unwrap();
+                    let event: Value = serde_json::from_slice(&bytes).unwrap();
+                    if created {
+                        assert_eq!(event["regarding"]["name"], "web");
+                        reasons.push(event["reason"].as_str().unwrap_or_default().to_owned());
+                    }
+                    respond.send_response(Response::builder().status(201).body(Body::from(b"{}".to_vec())).unwrap());
+                }
+            }
+        }
+    }
+
+    fn pass(controller: &Arc<Controller>) -> tokio::task::JoinHandle<Result<bool, kube::Error>> {
+        let controller = Arc::clone(controller);
+        tokio::spawn(async move { controller.reconcile(&("team".into(), "web".into())).await })
+    }
+
+    fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+        status["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+            .unwrap_or(&Value::Null)
+    }
+
+    #[tokio::test]
+    async fn a_pass_applies_the_slice_then_the_status_under_its_field_manager() {
+        let (controller, _writers, mut hub) = fixture(&[("a", "dfw", "fd00::a", true), ("b", "sjc", "fd00::b", false)]);
+        let running = pass(&controller);
+        let read = answer(&mut hub, StatusCode::NOT_FOUND, not_found()).await;
+        assert_eq!((read.0, read.1), (Method::GET, format!("{SLICES}/web-http")));
+        let (method, uri, slice) = answer(&mut hub, StatusCode::CREATED, slice_answer()).await;
+        assert_eq!(method, Method::PATCH);
+        assert_eq!(
+            uri,
+            format!("{SLICES}/web-http?&force=true&fieldManager=replicator-membership")
+        );
+        assert_eq!(slice["addressType"], "IPv6");
+        assert_eq!(slice["metadata"]["labels"]["kubernetes.io/service-name"], "web-http");
+        assert_eq!(
+            slice["metadata"]["labels"]["meta.datumapis.com/upstream-cluster-name"],
+            "cluster-p"
+        );
+        assert_eq!(
+            slice["metadata"]["ownerReferences"][0],
+            json!({"apiVersion": "networking.datumapis.com/v1alpha", "kind": "NetworkService", "name": "web",
+                   "uid": "svc-1", "controller": true})
+        );
+        let endpoints: Vec<(Value, Value, Value)> = slice["endpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["addresses"].clone(),
+                    e["zone"].clone(),
+                    e["conditions"]["ready"].clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            endpoints,
+            [
+                (json!(["fd00::a"]), json!("dfw"), json!(true)),
+                (json!(["fd00::b"]), json!("sjc"), json!(false))
+            ]
+        );
+        assert_eq!(
+            slice["ports"],
+            json!([{"name": "http", "port": 8080, "protocol": "TCP", "appProtocol": "http"}])
+        );
+        let (method, uri, body) = answer(&mut hub, StatusCode::OK, service_answer()).await;
+        assert_eq!(method, Method::PATCH);
+        assert_eq!(
+            uri,
+            format!("{SERVICES}/web/status?&force=true&fieldManager=replicator-membership")
+        );
+        let status = &body["status"];
+        assert_eq!(body["metadata"], json!({"name": "web", "namespace": "team"}));
+        assert_eq!(status["observedGeneration"], 3);
+        assert_eq!(condition(status, "SlicesPublished")["status"], "True");
+        let (result, reasons) = finish(&mut hub, running).await;
+        assert!(!result.unwrap(), "nothing to look at again");
+        assert!(!reasons.is_empty(), "condition transitions are Events");
+        assert_eq!(controller.metrics.status_writes.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_slice_name_held_by_a_hand_made_slice_is_left_alone_and_reported() {
+        let (controller, _writers, mut hub) = fixture(&[("a", "dfw", "fd00::a", true)]);
+        let running = pass(&controller);
+        let hand_made = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "web-http", "namespace": "team", "uid": "hand-1"},
+            "addressType": "IPv6", "endpoints": []});
+        answer(&mut hub, StatusCode::OK, hand_made).await;
+        // No write to the slice: the next request is the status.
+        let (method, uri, body) = answer(&mut hub, StatusCode::OK, service_answer()).await;
+        assert_eq!(
+            (method, uri),
+            (
+                Method::PATCH,
+                format!("{SERVICES}/web/status?&force=true&fieldManager=replicator-membership")
+            )
+        );
+        let published = condition(&body["status"], "SlicesPublished");
+        assert_eq!(
+            (published["status"].clone(), published["reason"].clone()),
+            (json!("False"), json!("SliceNameConflict"))
+        );
+        let (result, _) = finish(&mut hub, running).await;
+        assert!(result.unwrap(), "looked at again later");
+        let labels = ServiceLabels {
+            namespace: "team".into(),
+            service: "web".into(),
+        };
+        assert_eq!(controller.metrics.slice_conflicts.get_or_create(&labels).get(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_transient_slice_failure_still_writes_the_status_and_fails_the_pass() {
+        let (controller, _writers, mut hub) = fixture(&[("a", "dfw", "fd00::a", true)]);
+        let running = pass(&controller);
+        answer(&mut hub, StatusCode::NOT_FOUND, not_found()).await;
+        let unavailable = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 503,
+            "reason": "ServiceUnavailable", "message": "etcd leader changed"});
+        answer(&mut hub, StatusCode::SERVICE_UNAVAILABLE, unavailable).await;
+        let (method, uri, body) = answer(&mut hub, StatusCode::OK, service_answer()).await;
+        assert_eq!((method, uri.contains("/status?")), (Method::PATCH, true));
+        assert_eq!(condition(&body["status"], "SlicesPublished")["status"], "False");
+        let (result, _) = finish(&mut hub, running).await;
+        let err = result.unwrap_err();
+        assert_eq!(classify(&err), ErrorClass::Transient, "{err}");
+    }
 }

@@ -1,30 +1,23 @@
 //! The wiring of `replicator membership`: the hub client, metrics and probes, the reflectors,
 //! the election and the workers.
 
-use super::endpoints::{self};
-
-use std::{
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::{api::core::v1::Namespace, api::discovery::v1::EndpointSlice};
 use kube::{
     Api, ResourceExt,
     api::DynamicObject,
-    runtime::{
-        events::{Recorder, Reporter},
-        reflector::store::Writer,
-        watcher::{self, Event},
-    },
+    runtime::watcher::{self, Event},
 };
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::{api_errors::ErrorClass, cluster, health::Health, http, queue::WorkQueue};
+use crate::{api_errors::ErrorClass, cluster, health::Health, http};
 
 use super::{
-    ALL_LISTED, ClassLabels, Controller, LISTS, MembershipArgs, Metrics, interface_resource, service_resource,
+    ALL_LISTED, ClassLabels, Controller, LISTS, MembershipArgs, Metrics, Writers,
+    endpoints::{self},
+    interface_resource, service_resource,
 };
 
 /// Runs `replicator membership` until SIGTERM or SIGINT.
@@ -64,31 +57,15 @@ pub async fn run(args: MembershipArgs) -> anyhow::Result<()> {
     let hub_health = cluster::HubHealth::new();
     let hub_health_for_election = hub_health.clone();
 
-    let interfaces = Writer::new(interface_resource());
-    let services = Writer::new(service_resource());
-    let slices = Writer::<EndpointSlice>::default();
-    let namespaces = Writer::<Namespace>::default();
-    let controller = Arc::new(Controller {
-        interfaces: interfaces.as_reader(),
-        services: services.as_reader(),
-        slices: slices.as_reader(),
-        namespaces: namespaces.as_reader(),
-        queue: Arc::new(WorkQueue::new()),
-        matched: Mutex::default(),
-        attempts: Mutex::default(),
-        listed: tokio::sync::watch::Sender::new(0),
-        leader: tokio::sync::watch::Sender::new(false),
-        metrics,
-        recorder: Recorder::new(
-            hub.clone(),
-            Reporter {
-                controller: "replicator-membership".into(),
-                instance: None,
-            },
-        ),
-        hub: hub.clone(),
-        hub_health: hub_health.clone(),
-    });
+    let (
+        controller,
+        Writers {
+            interfaces,
+            services,
+            slices,
+            namespaces,
+        },
+    ) = Controller::new(hub.clone(), hub_health.clone(), metrics);
 
     let mut tasks = tokio::task::JoinSet::new();
     if args.exit_on_kubeconfig_change {
