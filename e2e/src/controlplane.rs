@@ -41,13 +41,13 @@ use crate::error::{Error, Result, io_context};
 use crate::files::{flag, write_private};
 use crate::hostnet;
 use crate::images::Images;
-use crate::karmada::MemberStatus;
 use crate::kubeconfig;
-use crate::node::{self, NodeComponent};
+use crate::node;
 use crate::paths;
 use crate::pki::{Pki, Tokens};
 use crate::ports::Ports;
 use crate::process::{self, ProcessRecord, log_tail};
+use crate::state::NodeComponent;
 use crate::state::State;
 use crate::wait::{self, Check};
 
@@ -177,6 +177,16 @@ impl Status {
             .iter()
             .all(|component| component.running && component.ready.is_ok())
     }
+}
+
+/// The observed state of one Karmada member `Cluster`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberStatus {
+    /// The member cluster.
+    pub cluster: Cluster,
+    /// `Ok(())` if the `Cluster` is Ready and carries no not-ready/unreachable taint; otherwise
+    /// what was observed.
+    pub ready: std::result::Result<(), String>,
 }
 
 impl Environment {
@@ -461,13 +471,19 @@ impl Environment {
             try_join_all(
                 Cluster::ALL
                     .into_iter()
-                    .map(|cluster| crds::install(self, cluster, &files)),
+                    .map(|cluster| self.install_crd_files(cluster, &files)),
             )
             .await?;
         }
         let mut state = self.state.lock().await;
         state.crds_digest = Some(digest);
         state.save(&self.dir)
+    }
+
+    /// Installs CRD `files` into `cluster` ([`crds::install`]) and waits until each is Established.
+    pub(crate) async fn install_crd_files(&self, cluster: Cluster, files: &[PathBuf]) -> Result<Vec<String>> {
+        let apply = self.kubectl_command(cluster, crds::apply_args(files));
+        crds::install(apply, self.client(cluster).await?, cluster).await
     }
 
     /// Applies `config/rbac/hub` to the hub, as the README's deploy steps do: namespace

@@ -9,7 +9,6 @@ use sha2::{Digest, Sha256};
 
 use crate::cluster::Cluster;
 use crate::command::{combined_output, describe};
-use crate::controlplane::Environment;
 use crate::error::{Error, Result, io_context};
 use crate::wait::{self, Check};
 
@@ -65,12 +64,9 @@ pub(crate) fn digest(files: &[PathBuf]) -> Result<String> {
     Ok(hasher.finalize().iter().map(|byte| format!("{byte:02x}")).collect())
 }
 
-/// Server-side applies `files` to `cluster`, then waits until every CRD among the applied
-/// objects is Established. Returns the CRD names.
-pub(crate) async fn install(env: &Environment, cluster: Cluster, files: &[PathBuf]) -> Result<Vec<String>> {
-    if files.is_empty() {
-        return Ok(Vec::new());
-    }
+/// The `kubectl` arguments that server-side apply `files` and print the applied objects' names
+/// (what [`install`] runs).
+pub(crate) fn apply_args(files: &[PathBuf]) -> Vec<std::ffi::OsString> {
     let mut args: Vec<std::ffi::OsString> = [
         "apply",
         "--server-side",
@@ -86,11 +82,21 @@ pub(crate) async fn install(env: &Environment, cluster: Cluster, files: &[PathBu
         args.push("-f".into());
         args.push(file.into());
     }
-    let mut command = env.kubectl_command(cluster, &args);
-    let output = crate::command::run(&mut command).await?;
+    args
+}
+
+/// Runs `apply` (a `kubectl` command with [`apply_args`] against `cluster`), then waits through
+/// `client` until every CRD among the applied objects is Established. Returns the CRD names.
+pub(crate) async fn install(
+    mut apply: tokio::process::Command,
+    client: kube::Client,
+    cluster: Cluster,
+) -> Result<Vec<String>> {
+    let command = &mut apply;
+    let output = crate::command::run(command).await?;
     if !output.status.success() {
         return Err(Error::CommandFailed {
-            command: describe(&command),
+            command: describe(command),
             status: output.status,
             output: combined_output(&output),
         });
@@ -100,7 +106,7 @@ pub(crate) async fn install(env: &Environment, cluster: Cluster, files: &[PathBu
         .filter_map(|line| line.trim().strip_prefix(CRD_NAME_PREFIX))
         .map(str::to_owned)
         .collect();
-    let api: Api<CustomResourceDefinition> = Api::all(env.client(cluster).await?);
+    let api: Api<CustomResourceDefinition> = Api::all(client);
     for name in &names {
         let what = format!("CRD {name} to be Established in {cluster}");
         wait::until_observed(ESTABLISHED_DEADLINE, &what, || {

@@ -37,7 +37,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::cluster::Cluster;
-use crate::controlplane::Environment;
+use crate::controlplane::{Environment, MemberStatus};
 use crate::crds;
 use crate::daemon::Daemon;
 use crate::error::{Error, Result, io_context};
@@ -88,16 +88,6 @@ const KARMADA_COMPONENT_READY: Duration = Duration::from_secs(120);
 const MEMBERS_READY: Duration = Duration::from_secs(120);
 /// The timeout of one API read made while probing the environment's status.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The observed state of one Karmada member `Cluster`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemberStatus {
-    /// The member cluster.
-    pub cluster: Cluster,
-    /// `Ok(())` if the `Cluster` is Ready and carries no not-ready/unreachable taint; otherwise
-    /// what was observed.
-    pub ready: std::result::Result<(), String>,
-}
 
 /// The API resource of Karmada's `Cluster` (`cluster.karmada.io/v1alpha1`, cluster-scoped,
 /// served by the aggregated apiserver through the hub).
@@ -496,7 +486,7 @@ impl Environment {
             });
         }
         tracing::info!(files = files.len(), "installing Karmada's CRDs into the hub");
-        crds::install(self, Cluster::Hub, &files).await?;
+        self.install_crd_files(Cluster::Hub, &files).await?;
         Ok(())
     }
 

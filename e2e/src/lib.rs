@@ -49,9 +49,8 @@ mod state;
 pub mod wait;
 
 pub use cluster::{CELL_A, CELL_B, Cluster, EDGE_1, HUB};
-pub use controlplane::{ComponentStatus, Environment, Status};
+pub use controlplane::{ComponentStatus, Environment, MemberStatus, Status};
 pub use daemon::Daemon;
 pub use error::{Error, Result};
-pub use karmada::MemberStatus;
 pub use metrics::metric_value;
 pub use replicator_process::{Credentials, ReplicatorProcess, ReplicatorSpec};

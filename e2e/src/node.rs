@@ -18,7 +18,6 @@
 //! The facts behind every setting come from a trial on this kind of machine; each is logged when
 //! it is applied (see [`Environment::start_node`]).
 
-use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -26,7 +25,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node as NodeObject, Pod};
 use kube::api::{Api, DeleteParams, ListParams};
-use serde::{Deserialize, Serialize};
 use tokio::process::Command;
 
 use crate::cluster::Cluster;
@@ -38,6 +36,7 @@ use crate::hostnet;
 use crate::images::Images;
 use crate::kubeconfig;
 use crate::process::{self, ProcessRecord};
+use crate::state::NodeComponent;
 use crate::wait::{self, Check};
 
 /// How long containerd may take to answer on its socket.
@@ -62,43 +61,6 @@ pub const CONTAINERD: &str = "/usr/bin/containerd";
 pub const CTR: &str = "/usr/bin/ctr";
 /// The containerd namespace the CRI plugin (and so the kubelet) uses.
 const CRI_NAMESPACE: &str = "k8s.io";
-
-/// A process of a cell's node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum NodeComponent {
-    /// The cell's own containerd.
-    Containerd,
-    /// The cell's kube-controller-manager.
-    KubeControllerManager,
-    /// The cell's kube-scheduler.
-    KubeScheduler,
-    /// The cell's kubelet.
-    Kubelet,
-}
-
-impl NodeComponent {
-    /// Every component, in start order.
-    pub const ALL: [NodeComponent; 4] = [
-        NodeComponent::Containerd,
-        NodeComponent::KubeControllerManager,
-        NodeComponent::KubeScheduler,
-        NodeComponent::Kubelet,
-    ];
-
-    /// The executable's name (`containerd`, `kube-controller-manager`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            NodeComponent::Containerd => "containerd",
-            NodeComponent::KubeControllerManager => "kube-controller-manager",
-            NodeComponent::KubeScheduler => "kube-scheduler",
-            NodeComponent::Kubelet => "kubelet",
-        }
-    }
-}
-
-/// The processes of every cell's node, by cell, as recorded in `state.json`.
-pub(crate) type NodeProcesses = BTreeMap<Cluster, BTreeMap<NodeComponent, ProcessRecord>>;
 
 /// Where a cell's node keeps its files, and its addresses: pods in `198.18.<n>.0/24` behind
 /// bridge `repl-<cell>` (gateway `.1`), cgroup root `/replicator-<cell>` in every hierarchy.

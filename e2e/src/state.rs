@@ -9,7 +9,6 @@ use crate::binaries::Binaries;
 use crate::cluster::Cluster;
 use crate::daemon::Daemon;
 use crate::error::{Error, Result, io_context};
-use crate::node::{NodeComponent, NodeProcesses};
 use crate::ports::Ports;
 use crate::process::ProcessRecord;
 
@@ -206,6 +205,43 @@ impl State {
         all
     }
 }
+
+/// A process of a cell's node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeComponent {
+    /// The cell's own containerd.
+    Containerd,
+    /// The cell's kube-controller-manager.
+    KubeControllerManager,
+    /// The cell's kube-scheduler.
+    KubeScheduler,
+    /// The cell's kubelet.
+    Kubelet,
+}
+
+impl NodeComponent {
+    /// Every component, in start order.
+    pub const ALL: [NodeComponent; 4] = [
+        NodeComponent::Containerd,
+        NodeComponent::KubeControllerManager,
+        NodeComponent::KubeScheduler,
+        NodeComponent::Kubelet,
+    ];
+
+    /// The executable's name (`containerd`, `kube-controller-manager`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeComponent::Containerd => "containerd",
+            NodeComponent::KubeControllerManager => "kube-controller-manager",
+            NodeComponent::KubeScheduler => "kube-scheduler",
+            NodeComponent::Kubelet => "kubelet",
+        }
+    }
+}
+
+/// The processes of every cell's node, by cell, as recorded in `state.json`.
+pub(crate) type NodeProcesses = BTreeMap<Cluster, BTreeMap<NodeComponent, ProcessRecord>>;
 
 #[cfg(test)]
 mod tests {
