@@ -334,6 +334,7 @@ mod tests {
                 sync::Settings {
                     location: "dfw".into(),
                     workers: 1,
+                    echo_bookkeeping: true,
                 },
                 rules,
                 cell,

@@ -112,6 +112,9 @@ pub struct Options {
     pub timeout: Duration,
     /// The replicator binary.
     pub replicator_bin: PathBuf,
+    /// Arguments added to every replicator the benchmark starts (`--echo-bookkeeping=false`
+    /// measures what telling echoes apart saves).
+    pub replicator_args: Vec<String>,
     /// The relay binary (`replicator-bench`, which has a `relay` subcommand).
     pub relay_bin: PathBuf,
     /// A label for the parameters in the report (`short` or `full`).
@@ -813,9 +816,10 @@ async fn spawn_replicators(
     options: &Options,
     sweep_interval: Option<Duration>,
 ) -> anyhow::Result<Vec<ReplicatorProcess>> {
-    let extra: Vec<String> = sweep_interval
+    let mut extra: Vec<String> = sweep_interval
         .map(|i| vec!["--sweep-interval".to_owned(), format!("{}ms", i.as_millis())])
         .unwrap_or_default();
+    extra.extend(options.replicator_args.iter().cloned());
     spawn_pair(env, &options.replicator_bin, options.workers, &extra, &[]).await
 }
 

@@ -70,6 +70,10 @@ struct Cli {
     /// Deadline of each start-up and of Karmada's propagation, seconds (default 600; short: 120).
     #[arg(long)]
     timeout: Option<u64>,
+    /// An argument added to every replicator started (repeat for several), e.g.
+    /// `--replicator-arg=--echo-bookkeeping=false`.
+    #[arg(long = "replicator-arg", allow_hyphen_values = true)]
+    replicator_args: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -210,6 +214,7 @@ async fn main() -> anyhow::Result<ExitCode> {
         peer_member: EDGE_1,
         timeout: Duration::from_secs(cli.timeout.unwrap_or(if short { 120 } else { 600 })),
         replicator_bin: replicator_binary(),
+        replicator_args: cli.replicator_args,
         relay_bin: std::env::current_exe().context("locating this binary (the relay)")?,
         mode: if short { "short" } else { "full" }.to_owned(),
     };

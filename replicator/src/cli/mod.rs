@@ -114,6 +114,10 @@ pub struct RunArgs {
     /// Concurrent hub writers (per cell).
     #[arg(long, default_value_t = DEFAULT_WORKERS)]
     pub workers: usize,
+    /// Tell the watch events of the replicator's own hub writes apart, so they cost no pass
+    /// (on by default; `false` exists to measure what it saves, with the benchmark).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, hide = true)]
+    pub echo_bookkeeping: bool,
     /// Elect one writer per location on a hub Lease (`replicator-<location>`); with `false` this
     /// process writes unconditionally (run exactly one replica per location then).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "REPLICATOR_LEADER_ELECT")]
@@ -430,6 +434,25 @@ mod tests {
             Command::Run(args) => Ok(*args),
             _ => unreachable!("parsed run"),
         }
+    }
+
+    #[test]
+    fn echo_bookkeeping_is_on_unless_turned_off_and_hidden_from_help() {
+        assert!(run_args(&["--location", "dfw"]).unwrap().echo_bookkeeping);
+        assert!(
+            !run_args(&["--location", "dfw", "--echo-bookkeeping=false"])
+                .unwrap()
+                .echo_bookkeeping
+        );
+        let help = match Cli::try_parse_from(["replicator", "run", "--help"]) {
+            Err(e) => e.to_string(),
+            Ok(_) => String::new(),
+        };
+        assert!(help.contains("--workers"), "{help}");
+        assert!(
+            !help.contains("echo-bookkeeping"),
+            "a measuring switch, not an operator's flag"
+        );
     }
 
     #[test]

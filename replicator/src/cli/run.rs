@@ -213,6 +213,7 @@ async fn serve_hub(group: HubGroup, key: String, shared: Arc<Shared>) {
         let settings = Settings {
             location: location.clone(),
             workers: args.workers,
+            echo_bookkeeping: args.echo_bookkeeping,
         };
         let (sync, writers) = CellSync::new(
             settings,

@@ -21,14 +21,16 @@ pub(super) struct Writing<'a> {
 impl<'a> Writing<'a> {
     pub(super) fn begin(sync: &'a CellSync, key: &'a Key, copy_name: String) -> Writing<'a> {
         let id = (key.rule, key.namespace.clone(), copy_name);
-        lock(&sync.echoes).begin(id.clone());
+        if sync.settings.echo_bookkeeping {
+            lock(&sync.echoes).begin(id.clone());
+        }
         Writing { sync, key, id }
     }
 }
 
 impl Drop for Writing<'_> {
     fn drop(&mut self) {
-        if lock(&self.sync.echoes).end(&self.id) {
+        if self.sync.settings.echo_bookkeeping && lock(&self.sync.echoes).end(&self.id) {
             self.sync.queue.add(self.key.clone());
         }
     }
@@ -65,7 +67,7 @@ impl CellSync {
             }
             Err(e) => return Err(Error::Hub(e)),
         };
-        lock(&self.echoes).wrote(id, applied.resource_version());
+        self.record_echo(id, applied.resource_version());
         // A change that leaves the carried status as the copy has it (a label, a spec field)
         // needs no status write.
         let status_current = copy::status_in_sync(desired, existing);
@@ -74,7 +76,7 @@ impl CellSync {
                 .patch_status(&desired.name, &params, &Patch::Apply(status))
                 .await
                 .map_err(Error::Hub)?;
-            lock(&self.echoes).wrote(id, applied.resource_version());
+            self.record_echo(id, applied.resource_version());
         }
         Ok(replaced)
     }
@@ -108,6 +110,13 @@ impl CellSync {
             return Ok(false);
         }
         Ok(self.delete_uid(&api, name, copy.uid()).await?.unwrap_or(false))
+    }
+
+    /// Records the resourceVersion a write to copy `id` returned as an awaited echo.
+    fn record_echo(&self, id: &CopyId, resource_version: Option<String>) {
+        if self.settings.echo_bookkeeping {
+            lock(&self.echoes).wrote(id, resource_version);
+        }
     }
 
     /// Deletes this location's copy `namespace/name` of rule `state` if its UID is `uid` (the

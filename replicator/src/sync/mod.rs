@@ -98,6 +98,9 @@ pub struct Settings {
     pub location: String,
     /// Concurrent hub writers.
     pub workers: usize,
+    /// Whether the watch events of our own writes are told apart ([`crate::echo`]) and cost no
+    /// pass; `false` gives every copy event a pass (for measuring what the bookkeeping saves).
+    pub echo_bookkeeping: bool,
 }
 
 /// Per-rule caches and state of one cell.

@@ -372,6 +372,9 @@ impl CellSync {
     /// Whether the watch event of `copy` needs a pass over its source: not for the echo of one
     /// of our writes, nor (yet) for an event while one is in flight (see [`crate::echo`]).
     pub(super) fn needs_pass(&self, rule: usize, copy: &DynamicObject) -> bool {
+        if !self.settings.echo_bookkeeping {
+            return true;
+        }
         let Some(rv) = copy.resource_version() else {
             return true;
         };

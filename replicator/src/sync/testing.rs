@@ -25,6 +25,7 @@ pub fn fixture() -> (Arc<CellSync>, Writers, Handle, Handle) {
         Settings {
             location: "dfw".into(),
             workers: 1,
+            echo_bookkeeping: true,
         },
         networks,
         Client::new(cell, "default"),
