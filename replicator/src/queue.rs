@@ -15,11 +15,11 @@ use std::{
     collections::{BTreeSet, HashMap, HashSet, VecDeque},
     hash::Hash,
     sync::{Mutex, MutexGuard},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::Notify;
+use tokio::{sync::Notify, time::Instant};
 
 /// The queue. Share it behind an [`Arc`](std::sync::Arc).
 pub struct WorkQueue<K> {
@@ -36,8 +36,8 @@ struct State<K> {
     active: HashSet<K>,
     again: HashSet<K>,
     /// Delayed keys by due time (a sequence number breaks ties), and each one's due time.
-    delayed: BTreeSet<(tokio::time::Instant, u64, K)>,
-    due: HashMap<K, (tokio::time::Instant, u64)>,
+    delayed: BTreeSet<(Instant, u64, K)>,
+    due: HashMap<K, (Instant, u64)>,
     sequence: u64,
     closed: bool,
 }
@@ -97,15 +97,15 @@ impl<K: Hash + Eq + Ord + Clone + Send + 'static> WorkQueue<K> {
     /// Queues `key` unless it is already queued; marks it for another pass if it is active.
     pub fn add(&self, key: K) {
         let mut s = self.lock();
-        if self.add_locked(&mut s, key) {
+        if self.add_locked(&mut s, key, Instant::now()) {
             drop(s);
             self.notify.notify_one();
         }
     }
 
-    /// [`WorkQueue::add`] with the lock held; returns whether the key was queued (a worker is
-    /// to be woken).
-    fn add_locked(&self, s: &mut State<K>, key: K) -> bool {
+    /// [`WorkQueue::add`] with the lock held, the key counted as waiting `since` (the queue-wait
+    /// metric); returns whether the key was queued (a worker is to be woken).
+    fn add_locked(&self, s: &mut State<K>, key: K, since: Instant) -> bool {
         if s.closed || s.queued.contains_key(&key) {
             return false;
         }
@@ -113,7 +113,7 @@ impl<K: Hash + Eq + Ord + Clone + Send + 'static> WorkQueue<K> {
             s.again.insert(key);
             return false;
         }
-        s.queued.insert(key.clone(), Instant::now());
+        s.queued.insert(key.clone(), since);
         s.order.push_back(key);
         self.report(s);
         true
@@ -123,7 +123,11 @@ impl<K: Hash + Eq + Ord + Clone + Send + 'static> WorkQueue<K> {
     /// A key already delayed keeps the earlier of its due times. Needs no runtime and starts no
     /// task: the due time is recorded and the waiting workers wake for it.
     pub fn add_after(&self, key: K, delay: Duration) {
-        let at = tokio::time::Instant::now() + delay;
+        let now = Instant::now();
+        // A delay past what an Instant holds means "a year": nothing waits that long anyway.
+        let at = now
+            .checked_add(delay)
+            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
         let mut s = self.lock();
         if s.closed {
             return;
@@ -143,16 +147,18 @@ impl<K: Hash + Eq + Ord + Clone + Send + 'static> WorkQueue<K> {
         self.notify.notify_waiters();
     }
 
-    /// Queues the delayed keys that are due; returns the next due time, if any is left.
-    fn promote_due(&self, s: &mut State<K>) -> Option<tokio::time::Instant> {
-        let now = tokio::time::Instant::now();
+    /// Queues the delayed keys that are due, each counted as waiting since its due time (a key
+    /// that fell due while every worker was busy has waited since then); returns the next due
+    /// time, if any is left.
+    fn promote_due(&self, s: &mut State<K>) -> Option<Instant> {
+        let now = Instant::now();
         while let Some((at, _, _)) = s.delayed.first() {
             if *at > now {
                 return Some(*at);
             }
-            if let Some((_, _, key)) = s.delayed.pop_first() {
+            if let Some((at, _, key)) = s.delayed.pop_first() {
                 s.due.remove(&key);
-                self.add_locked(s, key);
+                self.add_locked(s, key, at);
             }
         }
         None
@@ -350,7 +356,7 @@ mod tests {
         q.add_after("k", Duration::from_secs(3));
         assert!(q.is_empty());
         assert_eq!(q.delayed(), 1);
-        let started = tokio::time::Instant::now();
+        let started = Instant::now();
         assert_eq!(q.next().await.map(|(k, _)| k), Some("k"));
         assert_eq!(started.elapsed(), Duration::from_secs(3), "woken at the due time");
         assert_eq!(q.delayed(), 0);
@@ -359,7 +365,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_key_delayed_twice_keeps_its_earlier_due_time_and_comes_once() {
         let q = Arc::new(WorkQueue::new());
-        let t0 = tokio::time::Instant::now();
+        let t0 = Instant::now();
         q.add_after("k", Duration::from_secs(10));
         q.add_after("k", Duration::from_secs(2));
         q.add_after("k", Duration::from_secs(5));
@@ -379,7 +385,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_waiting_worker_wakes_earlier_for_a_nearer_due_time() {
         let q = Arc::new(WorkQueue::new());
-        let t0 = tokio::time::Instant::now();
+        let t0 = Instant::now();
         q.add_after("late", Duration::from_secs(30));
         let worker = {
             let q = Arc::clone(&q);
@@ -403,6 +409,20 @@ mod tests {
         assert_eq!(q.next().await.map(|(k, _)| k), Some("other"));
         q.done(&"k");
         assert_eq!(q.next().await.map(|(k, _)| k), Some("k"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_that_fell_due_while_workers_were_busy_has_waited_since_its_due_time() {
+        let q = Arc::new(WorkQueue::new());
+        q.add("busy");
+        assert_eq!(q.next().await.map(|(k, _)| k), Some("busy"));
+        q.add_after("k", Duration::from_secs(1));
+        // The only worker is busy for 5 s; the key fell due 4 s before it asks again.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        q.done(&"busy");
+        let (key, waited) = q.next().await.unwrap();
+        assert_eq!(key, "k");
+        assert_eq!(waited, Duration::from_secs(4));
     }
 
     #[tokio::test(start_paused = true)]
