@@ -504,6 +504,15 @@ mod tests {
         format!(r#"{{"kind":"{kind}","metadata":{{"name":"x","labels":{{{labels}}}}}}}"#)
     }
 
+    /// (object, why) of every foreign write found.
+    fn whys(verdict: &Verdict) -> Vec<(&str, &str)> {
+        verdict
+            .foreign
+            .iter()
+            .map(|f| (f.object.as_str(), f.why.as_str()))
+            .collect()
+    }
+
     fn judge(lines: &[String]) -> Verdict {
         foreign_writes(&parse(&lines.join("\n")))
     }
@@ -628,11 +637,7 @@ mod tests {
         ];
         let verdict = judge(&lines);
         assert_eq!(verdict.writes.get("replicator-e2e/replicator-dfw"), Some(&12));
-        let whys: Vec<(&str, &str)> = verdict
-            .foreign
-            .iter()
-            .map(|f| (f.object.as_str(), f.why.as_str()))
-            .collect();
+        let whys = whys(&verdict);
         assert_eq!(
             whys,
             vec![
@@ -717,11 +722,7 @@ mod tests {
         ];
         let verdict = judge(&lines);
         assert_eq!(verdict.writes.get("replicator-e2e/replicator-dfw"), Some(&4));
-        let whys: Vec<(&str, &str)> = verdict
-            .foreign
-            .iter()
-            .map(|f| (f.object.as_str(), f.why.as_str()))
-            .collect();
+        let whys = whys(&verdict);
         assert_eq!(
             whys,
             vec![
@@ -851,11 +852,7 @@ mod tests {
         let verdict = judge(&lines);
         assert_eq!(verdict.writes.get("replicator-e2e/replicator-membership"), Some(&8));
         assert_eq!(verdict.writes.get("replicator-e2e/replicator"), Some(&1));
-        let whys: Vec<(&str, &str)> = verdict
-            .foreign
-            .iter()
-            .map(|f| (f.object.as_str(), f.why.as_str()))
-            .collect();
+        let whys = whys(&verdict);
         assert_eq!(
             whys,
             vec![
