@@ -1,4 +1,6 @@
-//! Test support: a cell's sync over mock apiservers (`tower-test`).
+//! Test support: a cell's sync over mock apiservers (`tower-test`). Compiled for tests only, so its
+//! `unwrap`s fail a test, never the product.
+#![cfg(test)]
 
 use std::sync::Arc;
 
